@@ -1,0 +1,1 @@
+"""CPU attention worker."""

@@ -1,0 +1,75 @@
+"""Block digests: per-channel min and max of K per page and KV head (Quest).
+
+First stage of digest -> select -> device part / CPU part -> merge. Digests are
+stored per page in the cache dtype (min/max of bf16 values are exact in bf16),
+1/S of the K cache each: [num_pages, Hkv, D] for the min and for the max.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scout_sglang.kernels.checks import check_paged_cache, check_shape, check_tensor
+from scout_sglang.kernels.dispatch import select_impl
+
+
+def build_digests(
+    k_cache: torch.Tensor, *, impl: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Digests of every page of a paged K cache.
+
+    Parameters
+    ----------
+    k_cache : [P, Hkv, S, D], fp32/fp16/bf16, any device
+
+    Returns
+    -------
+    digest_min, digest_max : [P, Hkv, D], dtype and device of k_cache
+    """
+    check_paged_cache(k_cache)
+    num_pages, num_kv_heads, _, head_dim = k_cache.shape
+    digest_min = torch.empty(num_pages, num_kv_heads, head_dim, dtype=k_cache.dtype, device=k_cache.device)
+    digest_max = torch.empty_like(digest_min)
+    page_ids = torch.arange(num_pages, dtype=torch.int32, device=k_cache.device)
+    _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
+    return digest_min, digest_max
+
+
+def update_digests(
+    k_cache: torch.Tensor,
+    page_ids: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    *,
+    impl: str | None = None,
+) -> None:
+    """Recompute the digests of the pages that just filled, in place.
+
+    Parameters
+    ----------
+    k_cache : [P, Hkv, S, D]
+    page_ids : [n] int32, same device; rows of the digests to rewrite
+    digest_min, digest_max : [P, Hkv, D], dtype of k_cache; other rows untouched
+    """
+    check_paged_cache(k_cache)
+    device = k_cache.device
+    check_tensor("page_ids", page_ids, ndim=1, dtypes=(torch.int32,), device=device)
+    expected = (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])
+    for name, digest in (("digest_min", digest_min), ("digest_max", digest_max)):
+        check_tensor(name, digest, ndim=3, dtypes=(k_cache.dtype,), device=device)
+        check_shape(name, digest, expected)
+    if page_ids.numel() == 0:
+        return
+    _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
+
+
+def _digests_into(k_cache, page_ids, digest_min, digest_max, impl):
+    if select_impl("digests", k_cache.device.type, impl) == "triton":
+        from scout_sglang.kernels.triton.digest import digests_triton
+
+        digests_triton(k_cache, page_ids, digest_min, digest_max)
+        return
+    rows = page_ids.long()
+    pages = k_cache.index_select(0, rows)
+    digest_min.index_copy_(0, rows, pages.amin(dim=2))
+    digest_max.index_copy_(0, rows, pages.amax(dim=2))

@@ -1,0 +1,1 @@
+"""The only package that imports sglang: plugin entry point, backend, memory pool."""

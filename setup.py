@@ -1,0 +1,29 @@
+"""Package discovery for the folder-to-package mapping (DESIGN.md section 4).
+
+`kernels/` and `cpu_worker/` sit at the repository root but install as
+`scout_sglang.kernels` and `scout_sglang.cpu_worker`: a top-level `kernels`
+would clash with the PyPI distribution of that name that sglang depends on.
+Every subpackage below each root is discovered here, so a new one can never be
+left out of the wheel (tests/test_packaging.py checks the built wheel).
+"""
+
+from setuptools import find_packages, setup
+
+PACKAGE_ROOTS = {
+    "scout_sglang": "scout_sglang",
+    "scout_sglang.kernels": "kernels",
+    "scout_sglang.cpu_worker": "cpu_worker",
+}
+
+
+def _discover():
+    packages, package_dir = [], {}
+    for name, folder in PACKAGE_ROOTS.items():
+        package_dir[name] = folder
+        packages.append(name)
+        packages += [f"{name}.{sub}" for sub in find_packages(folder)]
+    return packages, package_dir
+
+
+packages, package_dir = _discover()
+setup(packages=packages, package_dir=package_dir)

@@ -1,0 +1,40 @@
+"""Tolerance table, skip markers and comparison helper shared by the tests.
+
+Import as `from support import ...` (tests/ is on pytest's pythonpath).
+"""
+
+import importlib.util
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_SGLANG = importlib.util.find_spec("sglang") is not None
+
+# One tolerance per dtype, for outputs compared against the fp32 references
+# started from the same rounded inputs (STYLE.md: one table, here).
+TOLERANCE = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+}
+# LSE is always fp32 but inherits the rounding of the logits it was built from.
+LSE_TOLERANCE = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
+}
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+requires_sglang = pytest.mark.skipif(not HAS_SGLANG, reason="needs sglang installed")
+
+# Device on which Triton kernels are exercised: the GPU when present, else the
+# CPU under TRITON_INTERPRET=1 (keep those sizes small: ~1000x slower).
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def assert_close(actual, expected, dtype, *, lse=False):
+    """Compare against a reference with the table's tolerance for `dtype`."""
+    tol = (LSE_TOLERANCE if lse else TOLERANCE)[dtype]
+    torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), **tol)

@@ -1,7 +1,7 @@
 """Package discovery for the folder-to-package mapping (DESIGN.md section 4).
 
-`kernels/` and `cpu_worker/` sit at the repository root but install as
-`scout_sglang.kernels` and `scout_sglang.cpu_worker`: a top-level `kernels`
+`kernels/`, `cpu_worker/` and `configs/` sit at the repository root but install
+as `scout_sglang.kernels`, `scout_sglang.cpu_worker` and `scout_sglang.configs`: a top-level `kernels`
 would clash with the PyPI distribution of that name that sglang depends on.
 Every subpackage below each root is discovered here, so a new one can never be
 left out of the wheel (tests/test_packaging.py checks the built wheel).
@@ -13,6 +13,7 @@ PACKAGE_ROOTS = {
     "scout_sglang": "scout_sglang",
     "scout_sglang.kernels": "kernels",
     "scout_sglang.cpu_worker": "cpu_worker",
+    "scout_sglang.configs": "configs",
 }
 
 

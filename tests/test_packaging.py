@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_ROOTS = {"scout_sglang": "scout_sglang", "scout_sglang.kernels": "kernels", "scout_sglang.cpu_worker": "cpu_worker"}
+PACKAGE_ROOTS = {"scout_sglang": "scout_sglang", "scout_sglang.kernels": "kernels", "scout_sglang.cpu_worker": "cpu_worker", "scout_sglang.configs": "configs"}
 
 
 def expected_modules():
@@ -42,7 +42,9 @@ def test_wheel_contains_every_module_and_native_source(wheel):
     assert not missing, f"missing from the wheel: {sorted(missing)}"
     cpp = {str(p.relative_to(ROOT / "cpu_worker")) for p in (ROOT / "cpu_worker").rglob("*.cpp")}
     assert all(f"scout_sglang/cpu_worker/{c}" in names for c in cpp)
-    assert not any(n.startswith(("kernels/", "cpu_worker/", "tests/")) for n in names), "top-level folder leaked"
+    presets = {p.name for p in (ROOT / "configs").glob("*.yaml")}
+    assert presets and all(f"scout_sglang/configs/{p}" in names for p in presets)
+    assert not any(n.startswith(("kernels/", "cpu_worker/", "configs/", "tests/")) for n in names), "top-level folder leaked"
 
 
 def test_installed_wheel_imports_outside_the_repository(wheel, tmp_path):

@@ -1,0 +1,115 @@
+"""ScoutConfig: one frozen, validated description of how a server decodes.
+
+Read once at startup (scout_sglang.env builds it from a preset and SCOUT_*
+overrides) and passed down to the engine; nothing below reads the environment.
+Validation collects every problem and reports them together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+MODES = ("full", "quest", "infinigen", "hgca", "scout")
+RECALL_POLICIES = ("interval", "adaptive", "off")
+KERNEL_IMPLS = (None, "flashinfer", "triton", "torch")
+CPU_IMPLS = ("auto", "native", "torch")
+
+
+@dataclass(frozen=True)
+class ScoutConfig:
+    """How the co-attention engine decodes (DESIGN.md section 2).
+
+    The token budget covers everything a query attends to per layer and KV
+    head: sink, local window and the selected blocks. `topk_blocks` derives
+    from it.
+    """
+
+    mode: str = "scout"  # one of MODES
+    block_size: int = 32  # tokens per digest block
+    token_budget: int = 2048  # tokens attended per (request, layer, KV head)
+    resident_blocks: int | None = None  # device buffer per (request, layer, KV head); None: topk_blocks
+    sink_blocks: int = 1  # first blocks, always attended and resident
+    local_blocks: int = 2  # last full blocks, always attended and resident (plus the partial tail)
+    dense_layers: tuple[int, ...] = (0,)  # layers decoded with dense attention on the device
+    max_cpu_blocks: int | None = None  # CPU list capacity per (request, KV head); None: topk_blocks
+    recall_policy: str = "adaptive"  # one of RECALL_POLICIES
+    recall_interval: int = 8  # steps between recalls when no per-layer interval is given
+    recall_intervals: tuple[int, ...] = ()  # per-layer intervals from the offline profile
+    recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
+    layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
+    cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core
+    cpu_threads_per_group: int = 1
+    cpu_pin_cores: bool = False
+    cpu_impl: str = "auto"  # one of CPU_IMPLS
+    kernel_impl: str | None = None  # one of KERNEL_IMPLS; None: automatic
+    extra: dict = field(default_factory=dict, compare=False, repr=False)  # preset metadata (model, profile source)
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid scout configuration:\n  - " + "\n  - ".join(problems))
+
+    @property
+    def topk_blocks(self) -> int:
+        """Blocks attended per (request, layer, KV head), forced ones included."""
+        return self.token_budget // self.block_size
+
+    @property
+    def resident_capacity(self) -> int:
+        return self.topk_blocks if self.resident_blocks is None else self.resident_blocks
+
+    @property
+    def cpu_capacity(self) -> int:
+        return self.topk_blocks if self.max_cpu_blocks is None else self.max_cpu_blocks
+
+    def interval_for_layer(self, layer: int) -> int:
+        """Recall interval of a layer: the profiled one if present, else the default."""
+        if layer < len(self.recall_intervals):
+            return self.recall_intervals[layer]
+        return self.recall_interval
+
+    def problems(self) -> list[str]:
+        """Every reason this configuration is invalid (empty when valid)."""
+        out = []
+        if self.mode not in MODES:
+            out.append(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.recall_policy not in RECALL_POLICIES:
+            out.append(f"recall_policy must be one of {RECALL_POLICIES}, got {self.recall_policy!r}")
+        if self.cpu_impl not in CPU_IMPLS:
+            out.append(f"cpu_impl must be one of {CPU_IMPLS}, got {self.cpu_impl!r}")
+        if self.kernel_impl not in KERNEL_IMPLS:
+            out.append(f"kernel_impl must be one of {KERNEL_IMPLS}, got {self.kernel_impl!r}")
+        for name in ("block_size", "token_budget", "recall_interval", "cpu_threads_per_group"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("sink_blocks", "local_blocks", "cpu_groups"):
+            if getattr(self, name) < 0:
+                out.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.block_size >= 1 and self.token_budget % self.block_size:
+            out.append(f"token_budget ({self.token_budget}) must be a multiple of block_size ({self.block_size})")
+        if self.block_size >= 1 and self.topk_blocks < self.sink_blocks + self.local_blocks:
+            out.append(
+                f"token_budget covers {self.topk_blocks} blocks, fewer than sink_blocks + local_blocks "
+                f"({self.sink_blocks} + {self.local_blocks})"
+            )
+        for name in ("resident_blocks", "max_cpu_blocks"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                out.append(f"{name} must be >= 0 or None, got {value}")
+        if any(layer < 0 for layer in self.dense_layers):
+            out.append(f"dense_layers must be layer indices >= 0, got {self.dense_layers}")
+        if any(interval < 1 for interval in self.recall_intervals):
+            out.append(f"recall_intervals must all be >= 1, got {self.recall_intervals}")
+        if not 0.0 < self.recall_beta < 1.0:
+            out.append(f"recall_beta must be in (0, 1), got {self.recall_beta}")
+        return out
+
+    def replace(self, **changes) -> ScoutConfig:
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One line per setting, for the startup log."""
+        fields = [f.name for f in dataclasses.fields(self) if f.name != "extra"]
+        lines = [f"{name} = {getattr(self, name)!r}" for name in fields]
+        lines.append(f"topk_blocks = {self.topk_blocks} (derived)")
+        return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""The one module that reads SCOUT_* environment variables.
+
+SCOUT_CONFIG names a preset (a YAML file in scout_sglang.configs, without the
+extension) or a path to a YAML file; SCOUT_<FIELD> overrides one field of
+ScoutConfig (SCOUT_TOKEN_BUDGET=1024, SCOUT_DENSE_LAYERS=0,1, SCOUT_KERNEL_IMPL=none).
+Unknown SCOUT_* names and unparsable values are errors that name the variable
+and what it accepts: a typo must stop the server, not be ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from scout_sglang.config import CPU_IMPLS, KERNEL_IMPLS, MODES, RECALL_POLICIES, ScoutConfig
+
+PREFIX = "SCOUT_"
+CONFIG_VARIABLE = "SCOUT_CONFIG"
+DEFAULT_PRESET = "default"
+CHOICES = {"mode": MODES, "recall_policy": RECALL_POLICIES, "cpu_impl": CPU_IMPLS, "kernel_impl": KERNEL_IMPLS}
+FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ScoutConfig) if f.name != "extra"}
+# Variables of this prefix that belong to other parts of the project, not to ScoutConfig.
+OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL"})
+
+
+def presets_dir() -> Path:
+    import scout_sglang.configs
+
+    return Path(scout_sglang.configs.__file__).resolve().parent
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def load_preset(name_or_path: str) -> dict:
+    """Fields of a preset name or YAML path, checked against ScoutConfig's fields."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = presets_dir() / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ValueError(
+            f"{CONFIG_VARIABLE}={name_or_path!r} is neither a preset ({', '.join(available_presets())}) "
+            "nor an existing .yaml file"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"preset {path} must be a mapping of setting: value, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(FIELD_TYPES) - {"extra"})
+    if unknown:
+        raise ValueError(f"preset {path} has unknown settings {unknown}; accepted: {sorted(FIELD_TYPES)}")
+    for key in ("dense_layers", "recall_intervals"):
+        if key in data:
+            data[key] = tuple(data[key])
+    return data
+
+
+def parse_value(name: str, text: str):
+    """Parse the text of SCOUT_<NAME> into the type of ScoutConfig.<name>."""
+    variable = PREFIX + name.upper()
+    annotation = FIELD_TYPES[name]
+    optional = "None" in annotation
+    if optional and text.strip().lower() in ("", "none", "auto"):
+        return None
+    try:
+        if annotation.startswith("tuple"):
+            return tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+        if annotation.startswith("bool"):
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError
+            return lowered in ("1", "true", "yes", "on")
+        if annotation.startswith("int"):
+            return int(text)
+        if annotation.startswith("float"):
+            return float(text)
+    except ValueError:
+        kind = annotation.split(" ")[0].split("[")[0]
+        raise ValueError(f"{variable}={text!r} is not a valid {kind}") from None
+    value = text.strip()
+    if name in CHOICES and value not in CHOICES[name]:
+        accepted = ", ".join("none" if c is None else c for c in CHOICES[name])
+        raise ValueError(f"{variable}={text!r} is not accepted; accepted values: {accepted}")
+    return value
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> ScoutConfig:
+    """ScoutConfig from SCOUT_CONFIG (default preset) and SCOUT_<FIELD> overrides."""
+    environ = os.environ if environ is None else environ
+    fields = load_preset(environ.get(CONFIG_VARIABLE, DEFAULT_PRESET))
+    problems = []
+    for variable, text in sorted(environ.items()):
+        if not variable.startswith(PREFIX) or variable in OTHER_VARIABLES:
+            continue
+        name = variable[len(PREFIX) :].lower()
+        if name not in FIELD_TYPES:
+            accepted = ", ".join(sorted(PREFIX + n.upper() for n in FIELD_TYPES) + sorted(OTHER_VARIABLES))
+            problems.append(f"unknown setting {variable}; accepted: {accepted}")
+            continue
+        try:
+            fields[name] = parse_value(name, text)
+        except ValueError as error:
+            problems.append(str(error))
+    if problems:
+        raise ValueError("invalid SCOUT_* settings:\n  - " + "\n  - ".join(problems))
+    try:
+        return ScoutConfig(**fields)
+    except ValueError as error:
+        raise ValueError(f"{error}\n(each setting NAME comes from the preset or from SCOUT_<NAME>)") from None
+
+

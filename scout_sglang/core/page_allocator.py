@@ -1,0 +1,75 @@
+"""Page allocator: a free list of fixed-size pages and each request's page table.
+
+Used for the host store (every full block of every layer) and the device
+resident buffers. Pages are the HND pages of scout_sglang.layout; a request's
+logical block j lives in page `table(request)[j]`. Host-side bookkeeping only:
+it never touches tensors, so it is cheap, exact, and checkable for leaks.
+"""
+
+from __future__ import annotations
+
+
+class OutOfPagesError(RuntimeError):
+    """Raised when an allocation asks for more pages than are free."""
+
+
+class PageAllocator:
+    """Hands out page ids in [0, num_pages) to requests; frees them on release.
+
+    Parameters
+    ----------
+    num_pages : total pages of the store
+    name : shown in errors and usage reports ("host", "device resident")
+    """
+
+    def __init__(self, num_pages: int, *, name: str = "pages"):
+        if num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {num_pages}")
+        self.num_pages = num_pages
+        self.name = name
+        # Lowest ids first: requests admitted in order get ascending pages,
+        # which keeps host reads sequential in the common case.
+        self._free = list(range(num_pages - 1, -1, -1))
+        self._tables: dict[int, list[int]] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def requests(self) -> list[int]:
+        return list(self._tables)
+
+    def table(self, request_id: int) -> list[int]:
+        """Page ids of a request's logical blocks, in order (a copy)."""
+        return list(self._tables.get(request_id, ()))
+
+    def allocate(self, request_id: int, count: int) -> list[int]:
+        """Append `count` pages to a request's table; all or nothing."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if count > len(self._free):
+            raise OutOfPagesError(
+                f"{self.name}: request {request_id} needs {count} pages, {len(self._free)} of {self.num_pages} free"
+            )
+        pages = [self._free.pop() for _ in range(count)]
+        self._tables.setdefault(request_id, []).extend(pages)
+        return pages
+
+    def release(self, request_id: int) -> int:
+        """Free every page of a request; returns how many. Unknown ids free nothing."""
+        pages = self._tables.pop(request_id, [])
+        self._free.extend(reversed(pages))
+        return len(pages)
+
+    def check_consistent(self) -> None:
+        """Assert that every page is either free or owned by exactly one request."""
+        owned = [p for pages in self._tables.values() for p in pages]
+        everything = sorted(owned + self._free)
+        assert everything == list(range(self.num_pages)), f"{self.name}: pages lost or duplicated"
+
+    def __repr__(self) -> str:
+        return f"PageAllocator({self.name}: {self.num_used}/{self.num_pages} used by {len(self._tables)} requests)"

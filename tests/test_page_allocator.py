@@ -28,7 +28,7 @@ def test_a_thousand_requests_admitted_and_released_leave_no_trace():
     rng = random.Random(0)
     live = []
     for request_id in range(1000):
-        if live and (pages.num_free < 40 or rng.random() < 0.5):
+        while live and (pages.num_free < 40 or rng.random() < 0.3):
             pages.release(live.pop(rng.randrange(len(live))))
         pages.allocate(request_id, rng.randint(0, 40))
         live.append(request_id)

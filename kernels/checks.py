@@ -59,3 +59,16 @@ def check_group_size(num_qo_heads: int, num_kv_heads: int) -> int:
             f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     return num_qo_heads // num_kv_heads
+
+
+def check_values_in_range(name: str, tensor: torch.Tensor, low: int, high: int) -> None:
+    """Raise ValueError unless low <= tensor <= high, for CPU tensors only.
+
+    On a GPU reading values back would be a host sync (and break CUDA graphs),
+    so there the ranges are the caller's contract, stated in each docstring.
+    """
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return
+    smallest, largest = int(tensor.min()), int(tensor.max())
+    if smallest < low or largest > high:
+        raise ValueError(f"{name} values must lie in [{low}, {high}], got [{smallest}, {largest}]")

@@ -65,7 +65,7 @@ def update_digests(
 
 def _digests_into(k_cache, page_ids, digest_min, digest_max, impl):
     if select_impl("digests", k_cache.device.type, impl) == "triton":
-        from scout_sglang.kernels.triton.digest import digests_triton
+        from scout_sglang.kernels.triton import digests_triton
 
         digests_triton(k_cache, page_ids, digest_min, digest_max)
         return

@@ -32,6 +32,12 @@ def is_available(impl: str, device_type: str) -> bool:
     """Whether `impl` can run on a device of `device_type` in this process."""
     if impl == "torch":
         return True
+    if impl == "triton" and device_type == "cpu":
+        # Triton's interpreter runs kernels on CPU tensors (~1000x slower than
+        # torch): usable when asked for explicitly, never chosen automatically.
+        from scout_sglang.env import triton_interpreter_enabled
+
+        return triton_interpreter_enabled() and importlib.util.find_spec("triton") is not None
     if device_type != "cuda":
         return False
     if impl == "triton":

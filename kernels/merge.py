@@ -73,7 +73,7 @@ def _merge_into(o_a, lse_a, o_b, lse_b, out, out_lse, impl):
 
         merge_states_flashinfer(o_a, lse_a, o_b, lse_b, out, out_lse)
     elif choice == "triton":
-        from scout_sglang.kernels.triton.merge import merge_states_triton
+        from scout_sglang.kernels.triton import merge_states_triton
 
         if o_b.dtype != o_a.dtype:
             o_b = o_b.to(o_a.dtype)

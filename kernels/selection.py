@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from scout_sglang.kernels.checks import check_group_size, check_shape, check_tensor
+from scout_sglang.kernels.checks import check_group_size, check_shape, check_tensor, check_values_in_range
 from scout_sglang.kernels.dispatch import select_impl
 from scout_sglang.layout import PAD_BLOCK
 
@@ -65,13 +65,15 @@ def score_blocks(
             f"got {tuple(block_table.shape)} and {tuple(num_blocks.shape)}"
         )
     max_blocks = block_table.shape[1]
+    check_values_in_range("num_blocks", num_blocks, 0, max_blocks)
+    check_values_in_range("block_table", block_table, -1, digest_min.shape[0] - 1)
     if out is None:
         out = torch.empty(batch_size, num_kv_heads, max_blocks, dtype=torch.float32, device=device)
     else:
         check_tensor("out", out, dtypes=(torch.float32,), device=device)
         check_shape("out", out, (batch_size, num_kv_heads, max_blocks))
     if select_impl("score_blocks", device.type, impl) == "triton":
-        from scout_sglang.kernels.triton.score import score_blocks_triton
+        from scout_sglang.kernels.triton import score_blocks_triton
 
         score_blocks_triton(q, digest_min, digest_max, block_table, num_blocks, out, group_reduce=group_reduce)
         return out

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from scout_sglang.kernels.checks import ATTENTION_DTYPES, check_group_size, check_paged_cache, check_shape, check_tensor
+from scout_sglang.kernels.checks import (
+    check_group_size,
+    check_paged_cache,
+    check_shape,
+    check_tensor,
+    check_values_in_range,
+)
 from scout_sglang.kernels.dispatch import select_impl
 
 
@@ -63,6 +69,9 @@ def sparse_decode(
     if last_block_len is not None:
         check_tensor("last_block_len", last_block_len, dtypes=(torch.int32,), device=device)
         check_shape("last_block_len", last_block_len, (batch_size, num_kv_heads))
+        check_values_in_range("last_block_len", last_block_len, 1, k_cache.shape[2])
+    check_values_in_range("counts", counts, 0, block_table.shape[2])
+    check_values_in_range("block_table", block_table, -1, k_cache.shape[0] - 1)
     if out is None:
         out = torch.empty_like(q)
     if out_lse is None:
@@ -78,7 +87,7 @@ def sparse_decode(
 
         sparse_decode_flashinfer(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale)
     elif choice == "triton":
-        from scout_sglang.kernels.triton.sparse_decode import sparse_decode_triton
+        from scout_sglang.kernels.triton import sparse_decode_triton
 
         sparse_decode_triton(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale)
     else:

@@ -113,3 +113,8 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> ScoutConfig:
         raise ValueError(f"{error}\n(each setting NAME comes from the preset or from SCOUT_<NAME>)") from None
 
 
+
+
+def triton_interpreter_enabled() -> bool:
+    """Whether Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

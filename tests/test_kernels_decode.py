@@ -107,6 +107,8 @@ def test_out_buffers_are_written_and_returned():
         (dict(counts=torch.zeros(2, 2, dtype=torch.int32)), "counts must have shape"),
         (dict(block_table=torch.zeros(1, 2, 3, dtype=torch.int64)), "block_table must have dtype"),
         (dict(q=torch.randn(1, 4, 32)), "head_dim"),
+        (dict(counts=torch.tensor([[2, 4]], dtype=torch.int32)), r"counts values must lie in \[0, 3\], got \[2, 4\]"),
+        (dict(block_table=torch.tensor([[[0, 1, 6], [2, 3, 4]]], dtype=torch.int32)), r"block_table values must lie in \[-1, 5\]"),
     ],
 )
 def test_bad_arguments_say_expected_versus_actual(change, message):
@@ -139,5 +141,5 @@ def test_cuda_only_implementations_are_refused_on_cpu():
     table, counts = random_block_lists([[2, 3]], num_pages=6, capacity=3)
     k_cache, v_cache = random_paged_kv(6, 2, BLOCK, 64, dtype=torch.float32)
     with pytest.raises(ValueError, match="not available for sparse_decode on cpu"):
-        kernels.sparse_decode(torch.randn(1, 4, 64), k_cache, v_cache, table, counts, scale=0.1, impl="triton")
+        kernels.sparse_decode(torch.randn(1, 4, 64), k_cache, v_cache, table, counts, scale=0.1, impl="flashinfer")
     assert not HAS_CUDA or is_available("torch", "cuda")

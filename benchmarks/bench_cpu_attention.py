@@ -1,0 +1,284 @@
+"""CPU part benchmark: native kernel and torch path in GB/s of K+V read, against
+the machine's memory read bandwidth measured in the same run.
+
+Qwen3-8B-like decode: Hq 32, Hkv 8, D 128, bf16, block 32, batch 8, 64 random
+blocks per sequence and KV head, in a host cache much larger than the last-level
+cache. For 1..all threads: read bandwidth (best of a torch and a numpy sum over
+a large buffer, one chunk per thread), native with N groups of 1 thread and 1
+group of N threads, torch path with N groups. Every figure is the best of
+several rounds, taken interleaved (the host is shared and noisy; DESIGN.md
+section 8). No asserts. Progress goes to stderr; the last stdout line is one
+JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
+{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scout_sglang.cpu_worker import CpuAttentionPool
+from scout_sglang.cpu_worker.native_kernel import load_native
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, block_size=32, batch_size=8, blocks_per_head=64)
+FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def log(message: str) -> None:
+    print(f"[bench_cpu_attention] {message}", file=sys.stderr, flush=True)
+
+
+def hardware() -> dict:
+    """lscpu model name, CPUs this process may use, and the vector flags that matter here."""
+    model, flags = "unknown", []
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model name":
+                model = value.strip()
+            elif key.strip() == "Flags":
+                flags = value.split()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return dict(
+        model=model,
+        cpus=len(os.sched_getaffinity(0)),
+        flags=[f for f in FLAGS_OF_INTEREST if f in flags],
+        native_isa=(load_native().module.isa() if load_native().module is not None else None),
+        torch=torch.__version__,
+    )
+
+
+# -- memory read bandwidth ------------------------------------------------------
+
+
+def _threaded_seconds(work: list) -> float:
+    """Wall time of running each callable of `work` on its own thread."""
+    threads = [threading.Thread(target=fn) for fn in work]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def read_bandwidth_gbs(buf: torch.Tensor, num_threads: int) -> dict:
+    """One measurement per method of GB/s read by `num_threads` threads summing disjoint chunks."""
+    chunks = buf.chunk(num_threads)
+    arrays = [c.numpy() for c in chunks]
+    nbytes = buf.numel() * buf.element_size()
+    return dict(
+        torch_sum=nbytes / _threaded_seconds([lambda c=c: c.sum() for c in chunks]) / 1e9,
+        numpy_sum=nbytes / _threaded_seconds([lambda a=a: a.sum() for a in arrays]) / 1e9,
+    )
+
+
+# -- attention ------------------------------------------------------------------
+
+
+def make_cache(num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [P, Hkv, S, D] bf16, random values tiled from a small random set (fast to fill)."""
+    shape = (num_pages, SHAPE["num_kv_heads"], SHAPE["block_size"], SHAPE["head_dim"])
+    gen = torch.Generator().manual_seed(0)
+    caches = []
+    for _ in range(2):
+        seed_pages = torch.randn((64,) + shape[1:], generator=gen).to(torch.bfloat16)
+        cache = torch.empty(shape, dtype=torch.bfloat16)
+        for start in range(0, num_pages, 64):
+            n = min(64, num_pages - start)
+            cache[start : start + n].copy_(seed_pages[:n])
+        caches.append(cache)
+    return caches[0], caches[1]
+
+
+def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Distinct random block lists (distinct pages within each list) per batch."""
+    b, h, n = SHAPE["batch_size"], SHAPE["num_kv_heads"], SHAPE["blocks_per_head"]
+    gen = torch.Generator().manual_seed(1)
+    tables = []
+    for _ in range(num_sets):
+        table = torch.stack([torch.randperm(num_pages, generator=gen)[:n] for _ in range(b * h)]).view(b, h, n)
+        tables.append((table.to(torch.int32).contiguous(), torch.full((b, h), n, dtype=torch.int32)))
+    return tables
+
+
+def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
+    """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order)."""
+    d = SHAPE
+    bytes_per_batch = 2 * d["batch_size"] * d["num_kv_heads"] * d["blocks_per_head"] * d["block_size"] * d["head_dim"] * 2
+    start = time.perf_counter()
+    handles = []
+    for table, counts in tables:
+        handles.append(
+            pool.submit(q, k_cache, v_cache, table, counts, scale=d["head_dim"] ** -0.5, out_o=out_o, out_lse=out_lse)
+        )
+        if len(handles) == 2:  # two batches in flight, like layer-ahead use
+            pool.wait(handles.pop(0))
+    for handle in handles:
+        pool.wait(handle)
+    return bytes_per_batch * len(tables) / (time.perf_counter() - start) / 1e9
+
+
+def run(quick: bool) -> dict:
+    torch.set_num_threads(1)  # every measurement thread is single-threaded; parallelism is ours
+    cpus = len(os.sched_getaffinity(0))
+    thread_counts = list(range(1, cpus + 1))
+    num_pages = 8192 if quick else 16384  # 128 KiB of K+V per page: 1 GiB / 2 GiB
+    rounds = 3 if quick else 8
+    log(f"building/loading the native kernel; host cache {num_pages * 128 // 1024} MiB, {rounds} rounds")
+    native_ok = load_native().module is not None
+    k_cache, v_cache = make_cache(num_pages)
+    tables = make_tables(4 if quick else 6, num_pages)
+    q = torch.randn(SHAPE["batch_size"], SHAPE["num_qo_heads"], SHAPE["head_dim"]).to(torch.bfloat16)
+    out_o = torch.empty(q.shape, dtype=torch.float32)
+    out_lse = torch.empty(q.shape[:2], dtype=torch.float32)
+    bw_buf = torch.ones((1 if quick else 2) << 28, dtype=torch.float32)  # 1 / 2 GiB
+
+    configs = {"torch": lambda n: dict(num_groups=n, threads_per_group=1, impl="torch")}
+    if native_ok:
+        configs["native"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
+        configs["native_one_group"] = lambda n: dict(num_groups=1, threads_per_group=n, impl="native")
+    pools = {(name, n): CpuAttentionPool(**make(n)) for name, make in configs.items() for n in thread_counts}
+    best: dict = {}
+    paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
+    try:
+        for (name, n), pool in pools.items():  # warm-up: thread-local scratch, page faults
+            attention_gbs(pool, k_cache, v_cache, tables[:1], q, out_o, out_lse)
+        for r in range(rounds):
+            for n in thread_counts:
+                round_bw = 0.0
+                for method, gbs in read_bandwidth_gbs(bw_buf, n).items():
+                    best[(method, n)] = max(best.get((method, n), 0.0), gbs)
+                    round_bw = max(round_bw, gbs)
+                for name in configs:
+                    gbs = attention_gbs(pools[(name, n)], k_cache, v_cache, tables, q, out_o, out_lse)
+                    best[(name, n)] = max(best.get((name, n), 0.0), gbs)
+                    paired.setdefault((name, n), []).append(gbs / round_bw)
+            log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]}@{k[1]}={v:.1f}" for k, v in sorted(best.items())))
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+
+    def series(name):
+        return [round(best[(name, n)], 2) if (name, n) in best else None for n in thread_counts]
+
+    def paired_median(name):
+        return [round(float(np.median(paired[(name, n)])), 3) if (name, n) in paired else None for n in thread_counts]
+
+    read_bw = [round(max(best[("torch_sum", n)], best[("numpy_sum", n)]), 2) for n in thread_counts]
+    native = series("native")
+    native_best = [max(a, b) if a is not None else None for a, b in zip(native, series("native_one_group"))]
+    torch_path = series("torch")
+    top = thread_counts[-1]
+    result = dict(
+        threads=top,
+        read_bw_gbs=read_bw[-1],
+        native_gbs=native[-1],
+        torch_gbs=torch_path[-1],
+        native_frac_of_bw=round(native[-1] / read_bw[-1], 3) if native_ok else None,
+        native_vs_torch=round(native[-1] / torch_path[-1], 2) if native_ok else None,
+        threads_list=thread_counts,
+        read_bw_gbs_per_threads=read_bw,
+        read_bw_torch_sum_gbs_per_threads=series("torch_sum"),
+        read_bw_numpy_sum_gbs_per_threads=series("numpy_sum"),
+        native_gbs_per_threads=native,
+        native_one_group_gbs_per_threads=series("native_one_group"),
+        native_best_layout_gbs_per_threads=native_best,
+        torch_gbs_per_threads=torch_path,
+        native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
+        # Median over rounds of native / read bandwidth measured seconds before it
+        # (the host's bandwidth drifts between rounds; this pairs like with like).
+        native_frac_of_bw_paired_median_per_threads=paired_median("native"),
+        native_one_group_frac_of_bw_paired_median_per_threads=paired_median("native_one_group"),
+        native_vs_torch_per_threads=[round(a / b, 2) if a else None for a, b in zip(native, torch_path)],
+        shape=SHAPE,
+        dtype="bfloat16",
+        host_cache_gib=round(2 * k_cache.numel() * 2 / 2**30, 2),
+        rounds=rounds,
+        quick=quick,
+        hardware=hardware(),
+    )
+    return result
+
+
+def write_results(result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "cpu_attention.json").write_text(json.dumps(result, indent=2) + "\n")
+    hw = result["hardware"]
+    d = result["shape"]
+    rows = [
+        "| threads | read bw GB/s | native GB/s (N groups x 1) | native GB/s (1 group x N) | torch path GB/s "
+        "| native / read bw | same, paired per round (median) | native / torch |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, n in enumerate(result["threads_list"]):
+        rows.append(
+            f"| {n} | {result['read_bw_gbs_per_threads'][i]} | {result['native_gbs_per_threads'][i]} "
+            f"| {result['native_one_group_gbs_per_threads'][i]} | {result['torch_gbs_per_threads'][i]} "
+            f"| {result['native_frac_of_bw_per_threads'][i]} "
+            f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {result['native_vs_torch_per_threads'][i]} |"
+        )
+    text = f"""# CPU attention: native kernel vs torch path vs memory read bandwidth
+
+Written by `benchmarks/bench_cpu_attention.py` (full mode). Every number comes from this one run.
+
+- Hardware: {hw["model"]}, {hw["cpus"]} CPUs usable; flags: {", ".join(hw["flags"])}; native kernel ISA: {hw["native_isa"]}; torch {hw["torch"]}.
+- Workload: Hq {d["num_qo_heads"]}, Hkv {d["num_kv_heads"]}, D {d["head_dim"]}, bf16, block {d["block_size"]}, batch {d["batch_size"]},
+  {d["blocks_per_head"]} random blocks per sequence and KV head, host cache {result["host_cache_gib"]} GiB (random page ids).
+- GB/s = K+V bytes read / wall time, two submits in flight. Read bandwidth = best of a torch and a numpy
+  sum over a {2 if not result["quick"] else 1} GiB fp32 buffer, one chunk per thread. Best of {result["rounds"]} interleaved rounds
+  (the host is shared; compare numbers of one run only).
+
+{chr(10).join(rows)}
+
+The torch path gathers the listed blocks (index_select into a preallocated buffer) and runs
+`_scaled_dot_product_flash_attention_for_cpu` with the G query heads folded into the query axis.
+"""
+    (RESULTS / "cpu_attention.md").write_text(text)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    threads = result["threads_list"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(threads, result["read_bw_gbs_per_threads"], "k--", marker="o", label="memory read bandwidth")
+    ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N groups x 1 thread)")
+    ax.plot(threads, result["native_one_group_gbs_per_threads"], marker="s", label="native (1 group x N threads)")
+    ax.plot(threads, result["torch_gbs_per_threads"], marker="^", label="torch path (N groups)")
+    ax.set_xlabel("threads")
+    ax.set_ylabel("GB/s of K+V read")
+    ax.set_xticks(threads)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"CPU sparse decode, bf16, {hw['model']}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "cpu_attention.png", dpi=120)
+    log(f"wrote {RESULTS / 'cpu_attention.md'}, .json, .png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 GiB cache, 3 rounds, no files (under a minute)")
+    args = parser.parse_args()
+    result = run(args.quick)
+    if not args.quick:
+        write_results(result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""One thread group of the CPU attention pool: a leader and T-1 helpers.
+
+The leader takes one task (one sequence) at a time from the pool's queue,
+splits it into work items (partition.py), hands all but the first to its
+helpers, runs the first itself, waits for the helpers, merges partials when the
+block lists were split, and reports the task to its handle.
+
+    pool queue ──> leader ──┬─ item 0 (itself)
+                            ├─ item 1 ──> helper 1 inbox
+                            └─ item T-1 ──> helper T-1 inbox
+                   <── done queue ──┘
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from scout_sglang.cpu_worker.partition import WorkItem, merge_partials, plan_work
+
+if TYPE_CHECKING:
+    from scout_sglang.cpu_worker.native_kernel import NativeKernel
+    from scout_sglang.cpu_worker.pool import CpuAttentionHandle
+    from scout_sglang.cpu_worker.torch_kernel import TorchKernel
+
+STOP = None  # queue sentinel
+
+
+class ThreadGroup:
+    """Threads that work on one sequence at a time.
+
+    Parameters
+    ----------
+    index : int
+        Group number (thread names: scout-cpu-attn-g{index}-t{thread}).
+    num_threads : int
+        T, threads in the group (leader included).
+    kernel : NativeKernel | TorchKernel
+    tasks : queue.SimpleQueue
+        The pool's queue of (handle, batch_index) tasks; STOP ends the leader.
+    cores : list of int or None
+        One CPU per thread to pin to, or None.
+    started : queue.SimpleQueue
+        Each thread puts None (ready) or the exception that stopped its set-up.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        num_threads: int,
+        kernel: NativeKernel | TorchKernel,
+        tasks: queue.SimpleQueue,
+        cores: list[int] | None,
+        started: queue.SimpleQueue,
+    ):
+        self._kernel = kernel
+        self._tasks = tasks
+        self._started = started
+        self._inboxes = [queue.SimpleQueue() for _ in range(num_threads - 1)]
+        self._done = queue.SimpleQueue()
+        self._partials: tuple[torch.Tensor, torch.Tensor] | None = None  # [T, Hq, D], [T, Hq] fp32
+        cores = cores or [None] * num_threads
+        self.threads = [
+            threading.Thread(target=self._lead, args=(cores[0],), name=f"scout-cpu-attn-g{index}-t0", daemon=True)
+        ]
+        for t, inbox in enumerate(self._inboxes, start=1):
+            self.threads.append(
+                threading.Thread(
+                    target=self._help, args=(inbox, cores[t]), name=f"scout-cpu-attn-g{index}-t{t}", daemon=True
+                )
+            )
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+    # -- thread bodies --------------------------------------------------------
+
+    def _set_up(self, core: int | None) -> object | None:
+        """Pin the calling thread and make its scratch; report to `started`."""
+        try:
+            if core is not None:
+                os.sched_setaffinity(0, {core})  # 0 = the calling thread on Linux
+            if self._kernel.name == "torch":
+                # torch ops inside a task must not fan out to torch's own pool:
+                # the pool's threads are the parallelism (DESIGN.md section 7).
+                torch.set_num_threads(1)
+            scratch = self._kernel.new_scratch()
+        except Exception as exc:  # noqa: BLE001 - reported to the constructor
+            self._started.put(exc)
+            return None
+        self._started.put(None)
+        return scratch
+
+    def _lead(self, core: int | None) -> None:
+        scratch = self._set_up(core)
+        try:
+            while (task := self._tasks.get()) is not STOP:
+                handle, batch_index = task
+                try:
+                    self._run_task(handle, batch_index, scratch)
+                except Exception as exc:  # noqa: BLE001 - surfaced by wait()
+                    handle._task_done(batch_index, exc)
+                else:
+                    handle._task_done(batch_index, None)
+        finally:
+            for inbox in self._inboxes:
+                inbox.put(STOP)
+
+    def _help(self, inbox: queue.SimpleQueue, core: int | None) -> None:
+        scratch = self._set_up(core)
+        while (job := inbox.get()) is not STOP:
+            handle, batch_index, item, out_index, partial = job
+            try:
+                self._run_item(handle, batch_index, item, out_index, partial, scratch)
+            except Exception as exc:  # noqa: BLE001 - handed to the leader
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    # -- work -------------------------------------------------------------------
+
+    def _run_task(self, handle: CpuAttentionHandle, batch_index: int, scratch: object) -> None:
+        items = plan_work(handle.counts_rows[batch_index], len(self.threads))
+        partial = items[0].num_splits > 1
+        if partial:
+            self._ensure_partials(len(items), handle.out_o.shape[1], handle.out_o.shape[2])
+        for t, item in enumerate(items[1:], start=1):
+            self._inboxes[t - 1].put((handle, batch_index, item, t if partial else batch_index, partial))
+        error = None
+        try:
+            self._run_item(handle, batch_index, items[0], 0 if partial else batch_index, partial, scratch)
+        except Exception as exc:  # noqa: BLE001 - after the helpers are collected
+            error = exc
+        for _ in items[1:]:
+            helper_error = self._done.get()
+            error = error or helper_error
+        if error is not None:
+            raise error
+        if partial:
+            partial_o, partial_lse = self._partials
+            merge_partials(
+                partial_o[: len(items)], partial_lse[: len(items)], handle.out_o[batch_index], handle.out_lse[batch_index]
+            )
+
+    def _run_item(
+        self, handle: CpuAttentionHandle, batch_index: int, item: WorkItem, out_index: int, partial: bool, scratch
+    ) -> None:
+        out_o, out_lse = self._partials if partial else (handle.out_o, handle.out_lse)
+        self._kernel.decode(
+            handle.q,
+            handle.k_cache,
+            handle.v_cache,
+            handle.block_table,
+            handle.counts,
+            batch_index=batch_index,
+            out_o=out_o,
+            out_lse=out_lse,
+            out_index=out_index,
+            scale=handle.scale,
+            head_begin=item.head_begin,
+            head_end=item.head_end,
+            split_index=item.split_index,
+            num_splits=item.num_splits,
+            scratch=scratch,
+        )
+
+    def _ensure_partials(self, num_items: int, num_qo_heads: int, head_dim: int) -> None:
+        if self._partials is not None:
+            partial_o, _ = self._partials
+            if partial_o.shape[0] >= num_items and partial_o.shape[1:] == (num_qo_heads, head_dim):
+                return
+        self._partials = (
+            torch.empty(len(self.threads), num_qo_heads, head_dim, dtype=torch.float32),  # [T, Hq, D]
+            torch.empty(len(self.threads), num_qo_heads, dtype=torch.float32),  # [T, Hq]
+        )

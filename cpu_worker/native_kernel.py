@@ -1,0 +1,128 @@
+"""Build, load and call the native CPU attention kernel (native/scout_cpu_attention.cpp).
+
+The fast path of the CPU part: built on first use with torch's cpp_extension
+for this host (-O3 -march=native), once per process under a lock, and cached
+on disk by torch. A build that fails (no compiler, compile error) is reported
+once through logging and leaves the torch path (torch_kernel.py) to serve.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import platform
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("scout_sglang.cpu_worker")
+
+SOURCES = (Path(__file__).parent / "native" / "scout_cpu_attention.cpp",)
+EXTRA_CFLAGS = ("-O3", "-march=native")
+_BUILD_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    """Outcome of a build: the loaded module, or why there is none."""
+
+    module: object | None
+    name: str
+    error: str | None = None
+
+
+def host_key() -> str:
+    """Short hash of this CPU's feature flags.
+
+    -march=native binaries are host specific; keying the extension name by the
+    flags keeps a shared torch_extensions cache from serving a binary built on
+    another CPU (SIGILL).
+    """
+    flags = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags += " ".join(sorted(line.split(":", 1)[1].split()))
+                break
+    except OSError:
+        pass
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+def build_native(
+    *, name: str | None = None, sources: tuple[Path, ...] = SOURCES, extra_cflags: tuple[str, ...] = EXTRA_CFLAGS
+) -> NativeBuild:
+    """Compile and import the kernel; never raises (errors come back in the result)."""
+    name = name or f"scout_cpu_attention_{host_key()}"
+    try:
+        from torch.utils.cpp_extension import load
+
+        module = load(name=name, sources=[str(s) for s in sources], extra_cflags=list(extra_cflags), verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure means "use the torch path"
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return NativeBuild(module=None, name=name, error=f"{type(exc).__name__}: {first_line[:500]}")
+    return NativeBuild(module=module, name=name)
+
+
+@functools.cache
+def _load_native_once() -> NativeBuild:
+    build = build_native()
+    if build.module is None:
+        logger.warning("native CPU attention kernel unavailable, the torch path will serve: %s", build.error)
+    else:
+        logger.info("native CPU attention kernel %s loaded (isa %s)", build.name, build.module.isa())
+    return build
+
+
+def load_native() -> NativeBuild:
+    """The process-wide build: compiled once (concurrent callers wait for it)."""
+    with _BUILD_LOCK:
+        return _load_native_once()
+
+
+class NativeKernel:
+    """Host wrapper of the native kernel; arguments are validated by the pool.
+
+    `decode` attends sequence `batch_index` over KV heads [head_begin,
+    head_end), taking split `split_index` of `num_splits` of each head's block
+    list, and writes o [Hq, D] / lse [Hq] (natural log) rows of those heads to
+    out_o[out_index] / out_lse[out_index]. The GIL is released inside.
+    """
+
+    name = "native"
+
+    def __init__(self, module: object):
+        self._decode = module.decode
+        self.isa = module.isa()
+
+    def new_scratch(self) -> None:
+        """Per-thread scratch lives inside the kernel (thread_local)."""
+        return None
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        counts: torch.Tensor,
+        *,
+        batch_index: int,
+        out_o: torch.Tensor,
+        out_lse: torch.Tensor,
+        out_index: int,
+        scale: float,
+        head_begin: int,
+        head_end: int,
+        split_index: int,
+        num_splits: int,
+        scratch: None,
+    ) -> None:
+        # The binding is positional; this is the one place that spells the order.
+        self._decode(
+            q, k_cache, v_cache, block_table, counts, batch_index, out_o, out_lse, out_index,
+            scale, head_begin, head_end, split_index, num_splits,
+        )  # fmt: skip

@@ -1,0 +1,195 @@
+"""KV storage of the engine: the device-full store and the offloaded store.
+
+Where each block of each request lives, per layer (layout: scout_sglang.layout):
+
+  device-full layers (modes full/quest, and dense layers in every mode)
+      every block on the device: full_k/full_v[layer][page], one page table
+  offloaded layers (modes scout/infinigen/hgca)
+      host:   host_k/host_v[layer][host page]   every FULL block
+      device: digest_min/max[layer][host page]  digests of every full block
+              window pages per request:
+                [sink_0 .. sink_{s-1}] [ring_0 .. ring_L] [res_0 .. res_{R-1}]
+                 first blocks           last L full      resident buffer,
+                                        blocks + tail    per KV head
+              resident_map[layer][slot, head, r] = logical block in res_r
+              (-1: empty), so each KV head keeps its own blocks
+
+Pages are allocated per request, once for all layers of a kind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scout_sglang.core.page_allocator import PageAllocator
+from scout_sglang.core.shape import ModelShape
+from scout_sglang.layout import PAD_BLOCK
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def write_tokens(k_store, v_store, pages: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Scatter tokens [N, Hkv, D] into pages[N] at offsets[N] of HND stores."""
+    k_store[pages, :, offsets] = k.to(k_store.dtype)
+    v_store[pages, :, offsets] = v.to(v_store.dtype)
+
+
+class DeviceFullStore:
+    """Every block of every request on the device, for the given layers."""
+
+    def __init__(self, layers, *, num_pages: int, shape: ModelShape, block_size: int, dtype, device, with_digests: bool):
+        self.layers = tuple(layers)
+        self.block_size = block_size
+        page_shape = (num_pages, shape.num_kv_heads, block_size, shape.head_dim)
+        self.k = {layer: torch.zeros(page_shape, dtype=dtype, device=device) for layer in self.layers}
+        self.v = {layer: torch.zeros(page_shape, dtype=dtype, device=device) for layer in self.layers}
+        digest_shape = (num_pages, shape.num_kv_heads, shape.head_dim)
+        self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
+        self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
+        self.pages = PageAllocator(num_pages, name="device full-KV pages")
+        self.device = device
+
+    def ensure_tokens(self, rid: int, num_tokens: int) -> None:
+        """Allocate pages so that `num_tokens` tokens of `rid` fit (all layers)."""
+        missing = ceil_div(num_tokens, self.block_size) - len(self.pages.table(rid))
+        if missing > 0:
+            self.pages.allocate(rid, missing)
+
+    def page_table(self, rid: int) -> list[int]:
+        return self.pages.table(rid)
+
+    def write(self, layer: int, rids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one token per entry: (rids[i], positions[i]) <- k[i], v[i] ([N, Hkv, D])."""
+        tables = {rid: self.pages.table(rid) for rid in set(rids)}
+        pages = torch.tensor([tables[r][p // self.block_size] for r, p in zip(rids, positions)], device=self.device)
+        offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
+        write_tokens(self.k[layer], self.v[layer], pages, offsets, k, v)
+
+    def update_digest(self, layer: int, page_ids: list[int]) -> None:
+        if not self.digest_min or not page_ids:
+            return
+        index = torch.tensor(page_ids, device=self.device)
+        blocks = self.k[layer][index]
+        self.digest_min[layer][index] = blocks.amin(dim=2)
+        self.digest_max[layer][index] = blocks.amax(dim=2)
+
+    def release(self, rid: int) -> None:
+        self.pages.release(rid)
+
+
+class OffloadedStore:
+    """Host store of full blocks plus device digests, window and resident buffer."""
+
+    def __init__(
+        self,
+        layers,
+        *,
+        num_host_pages: int,
+        max_requests: int,
+        shape: ModelShape,
+        block_size: int,
+        sink_blocks: int,
+        local_blocks: int,
+        resident_blocks: int,
+        dtype,
+        device,
+    ):
+        self.layers = tuple(layers)
+        self.block_size = block_size
+        self.sink_blocks = sink_blocks
+        self.local_blocks = local_blocks
+        self.resident_blocks = resident_blocks
+        self.pages_per_request = sink_blocks + local_blocks + 1 + resident_blocks
+        self.device = device
+        num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
+        host_shape = (num_host_pages, num_kv_heads, block_size, head_dim)
+        pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
+        self.host_k = {layer: torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for layer in self.layers}
+        self.host_v = {layer: torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for layer in self.layers}
+        digest_shape = (num_host_pages, num_kv_heads, head_dim)
+        self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
+        self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
+        device_shape = (max_requests * self.pages_per_request, num_kv_heads, block_size, head_dim)
+        self.dev_k = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
+        self.dev_v = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
+        self.host_pages = PageAllocator(num_host_pages, name="host KV pages")
+        self.device_pages = PageAllocator(max_requests * self.pages_per_request, name="device window/resident pages")
+        self.resident_map = {
+            layer: torch.full((max_requests, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32)
+            for layer in self.layers
+        }
+        self.resident_ready = {layer: torch.zeros(max_requests, dtype=torch.bool) for layer in self.layers}
+
+    # -- per-request pages -------------------------------------------------
+    def admit(self, rid: int, slot: int) -> None:
+        self.device_pages.allocate(rid, self.pages_per_request)
+        for layer in self.layers:
+            self.resident_map[layer][slot] = PAD_BLOCK
+            self.resident_ready[layer][slot] = False
+
+    def release(self, rid: int) -> None:
+        self.host_pages.release(rid)
+        self.device_pages.release(rid)
+
+    def ensure_full_blocks(self, rid: int, num_full: int) -> None:
+        missing = num_full - len(self.host_pages.table(rid))
+        if missing > 0:
+            self.host_pages.allocate(rid, missing)
+
+    def window_page(self, rid: int, block: int) -> int:
+        """Device page of a sink, local or tail block."""
+        pages = self.device_pages.table(rid)
+        if block < self.sink_blocks:
+            return pages[block]
+        return pages[self.sink_blocks + (block - self.sink_blocks) % (self.local_blocks + 1)]
+
+    def resident_page(self, rid: int, slot_index: int) -> int:
+        return self.device_pages.table(rid)[self.sink_blocks + self.local_blocks + 1 + slot_index]
+
+    def window_blocks(self, num_tokens: int) -> list[int]:
+        """Logical blocks held in the window for a request of `num_tokens`, ascending."""
+        num_full, tail = divmod(num_tokens, self.block_size)
+        num_blocks = num_full + (1 if tail else 0)
+        sink = list(range(min(self.sink_blocks, num_blocks)))
+        local = range(max(self.sink_blocks, num_full - self.local_blocks), num_blocks)
+        return sink + list(local)
+
+    def forced_blocks(self, num_tokens: int) -> list[int]:
+        """Full blocks that the window always holds (sink + local): never resident, never CPU."""
+        num_full = num_tokens // self.block_size
+        return [j for j in self.window_blocks(num_tokens) if j < num_full]
+
+    # -- data movement -------------------------------------------------------
+    def write_window(self, layer: int, rid: int, positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        pages = torch.tensor([self.window_page(rid, p // self.block_size) for p in positions], device=self.device)
+        offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
+        write_tokens(self.dev_k[layer], self.dev_v[layer], pages, offsets, k, v)
+
+    def store_full_blocks(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor, v_blocks: torch.Tensor):
+        """Host copy + digest of full blocks; k_blocks/v_blocks [n, Hkv, S, D] on the device."""
+        table = self.host_pages.table(rid)
+        host_index = torch.tensor([table[j] for j in blocks])
+        # Blocking device -> host copy: the host store is read by CPU threads right after.
+        self.host_k[layer][host_index] = k_blocks.cpu()
+        self.host_v[layer][host_index] = v_blocks.cpu()
+        digest_index = host_index.to(self.device)
+        self.digest_min[layer][digest_index] = k_blocks.amin(dim=2)
+        self.digest_max[layer][digest_index] = k_blocks.amax(dim=2)
+
+    def copy_host_to_resident(self, layer: int, rid: int, slot_index: int, head: int, block: int) -> None:
+        host_page = self.host_pages.table(rid)[block]
+        dev_page = self.resident_page(rid, slot_index)
+        self.dev_k[layer][dev_page, head].copy_(self.host_k[layer][host_page, head], non_blocking=True)
+        self.dev_v[layer][dev_page, head].copy_(self.host_v[layer][host_page, head], non_blocking=True)
+
+    def copy_window_to_resident(self, layer: int, rid: int, slot_index: int, head: int, block: int) -> None:
+        src = self.window_page(rid, block)
+        dst = self.resident_page(rid, slot_index)
+        self.dev_k[layer][dst, head].copy_(self.dev_k[layer][src, head])
+        self.dev_v[layer][dst, head].copy_(self.dev_v[layer][src, head])
+
+    def block_bytes_per_head(self, layer: int) -> int:
+        k = self.host_k[layer]
+        return 2 * k.shape[2] * k.shape[3] * k.element_size()

@@ -1,0 +1,73 @@
+"""Co-attention telemetry: what each decode step did, per layer.
+
+One structured object per step. Collection costs a few integer additions per
+(layer, request) when enabled and nothing when disabled; the block change rate
+needs the previous selection and is computed only when enabled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LayerStats:
+    """Counts summed over the requests (and KV heads) of one layer in one step."""
+
+    selected_blocks: int = 0  # blocks selected (top-k), summed over requests and KV heads
+    cpu_blocks: int = 0  # of those, attended on the CPU
+    dropped_blocks: int = 0  # non-resident selected blocks past the CPU list capacity
+    budget_blocks: int = 0  # topk_blocks * KV heads * requests: the denominator of the CPU ratio
+    recalled_blocks: int = 0  # (block, KV head) pairs copied host -> device by recall
+    recall_bytes: int = 0
+    changed_blocks: int = 0  # selected blocks not selected in the previous step
+    compared_blocks: int = 0  # selected blocks that had a previous step to compare with
+    cpu_wait_s: float = 0.0  # time the device side waited for the CPU result
+    cpu_launched_ahead: bool = False  # CPU work of this layer was launched one layer earlier
+
+    @property
+    def cpu_ratio(self) -> float:
+        """CPU tokens / budget tokens (the paper's CPU compute ratio)."""
+        return self.cpu_blocks / self.budget_blocks if self.budget_blocks else 0.0
+
+    @property
+    def change_rate(self) -> float:
+        return self.changed_blocks / self.compared_blocks if self.compared_blocks else 0.0
+
+
+@dataclass
+class StepTelemetry:
+    """One decode step: per-layer stats plus step-level timings (seconds)."""
+
+    step: int
+    batch_size: int
+    layers: dict[int, LayerStats] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # device_attention, cpu_attention, cpu_wait, merge, recall, select
+
+    def layer(self, index: int) -> LayerStats:
+        return self.layers.setdefault(index, LayerStats())
+
+    def add_time(self, key: str, seconds: float) -> None:
+        self.timings[key] = self.timings.get(key, 0.0) + seconds
+
+    def totals(self) -> LayerStats:
+        total = LayerStats()
+        for stats in self.layers.values():
+            for name in ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks",
+                         "recall_bytes", "changed_blocks", "compared_blocks"):
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+            total.cpu_wait_s += stats.cpu_wait_s
+        return total
+
+    def summary(self) -> dict:
+        total = self.totals()
+        return {
+            "step": self.step,
+            "batch_size": self.batch_size,
+            "cpu_ratio": round(total.cpu_ratio, 4),
+            "change_rate": round(total.change_rate, 4),
+            "recalled_blocks": total.recalled_blocks,
+            "recall_bytes": total.recall_bytes,
+            "cpu_wait_ms": round(1e3 * total.cpu_wait_s, 3),
+            **{f"{k}_ms": round(1e3 * v, 3) for k, v in sorted(self.timings.items())},
+        }

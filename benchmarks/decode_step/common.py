@@ -1,0 +1,34 @@
+"""Names shared by the decode-step benchmark's modules: the Qwen3-8B attention
+shape, the modes, the engine timers that make up the step breakdown, the
+ablation's configurations, and small helpers (progress log, device sync,
+comma-separated integers).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+MODES = ("full", "quest", "infinigen", "hgca", "scout")
+NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 32  # Qwen3-8B
+ENGINE_TIMERS = ("device_attention", "select", "cpu_wait", "merge", "recall")
+BREAKDOWN = ENGINE_TIMERS + ("layer_compute", "other")  # stacked: they add up to the step
+ABLATION = (  # (label, layer_ahead, recall_policy)
+    ("no layer-ahead, no recall", False, "off"),
+    ("layer-ahead, no recall", True, "off"),
+    ("layer-ahead + recall", True, "adaptive"),
+)
+
+
+def log(message: str) -> None:
+    print(f"[bench_decode_step] {message}", file=sys.stderr, flush=True)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]

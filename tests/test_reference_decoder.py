@@ -77,3 +77,18 @@ def test_the_prediction_equals_the_real_query_when_the_layer_input_is_the_same(m
     finally:
         handle.remove()
         decoder.close()
+
+
+def test_each_layer_is_selected_once_per_step(model_and_truth):
+    """Layer-ahead prediction must not re-enter the hooks: one selection per layer per step."""
+    model, prompts, _ = model_and_truth
+    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
+    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256)
+    try:
+        result = decoder.generate(prompts, 6)
+    finally:
+        decoder.close()
+    budget_per_layer = config.topk_blocks * model.config.num_key_value_heads * len(prompts)
+    for telemetry in result.telemetry:
+        for layer, stats in telemetry.layers.items():
+            assert stats.budget_blocks == budget_per_layer, f"layer {layer} selected more than once"

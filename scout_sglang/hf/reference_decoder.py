@@ -100,7 +100,9 @@ class ReferenceDecoder:
     def predict_query(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s query from the previous layer's normalized input x [B, 1, hidden] -> [B, Hq, D]."""
         attn = self.layers[layer].self_attn
-        q = attn.q_proj(x).view(*x.shape[:-1], -1, self.shape.head_dim)
+        # F.linear, not attn.q_proj(x): calling the module would fire its own
+        # pre-hook and predict layer + 2 from this (stale) input, and so on.
+        q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(*x.shape[:-1], -1, self.shape.head_dim)
         if hasattr(attn, "q_norm"):
             q = attn.q_norm(q)
         q = q.transpose(1, 2)  # [B, Hq, 1, D]

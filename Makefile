@@ -24,9 +24,12 @@ bench: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py
 	$(PY) -P benchmarks/bench_kernels.py
 
-# The main job. Until the SGLang plugin lands this is the CPU co-attention
-# benchmark in quick mode; it becomes the served demo with the plugin issue.
-demo: bench-quick
+# The main job. Until the SGLang plugin lands: co-attention decoding of a small
+# built-in model (scout mode vs dense, with the co-attention statistics), then
+# the CPU attention benchmark in quick mode.
+demo: $(STAMP)
+	$(PY) -P -m scout_sglang.demo
+	$(PY) -P benchmarks/bench_cpu_attention.py --quick
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -35,14 +35,20 @@ def test_budget_covering_the_context_decodes_like_dense(model_and_truth, mode):
     assert decoder.engine.usage()["requests"] == 0  # generate releases what it admitted
 
 
-def test_predicted_queries_are_measured_per_layer(model_and_truth):
-    model, prompts, _ = model_and_truth
-    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
-    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256)
+SPARSE = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
+
+
+def generate_sparse(model, prompts, new_tokens):
+    decoder = ReferenceDecoder(model, SPARSE, max_requests=4, max_tokens_per_request=256)
     try:
-        result = decoder.generate(prompts, 8)
+        return decoder.generate(prompts, new_tokens)
     finally:
         decoder.close()
+
+
+def test_predicted_queries_are_measured_per_layer(model_and_truth):
+    model, prompts, _ = model_and_truth
+    result = generate_sparse(model, prompts, 8)
     # dense layer 0 is never predicted; layers 1.. are, once per request per decode step
     assert sorted(result.query_cosine) == [1, 2]
     assert all(len(values) == 3 * 7 and all(-1.0 <= v <= 1.0 for v in values) for values in result.query_cosine.values())
@@ -51,8 +57,7 @@ def test_predicted_queries_are_measured_per_layer(model_and_truth):
 def test_the_prediction_equals_the_real_query_when_the_layer_input_is_the_same(model_and_truth):
     """predict_query reproduces the model's own post-RoPE query from the same input."""
     model, _, _ = model_and_truth
-    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
-    decoder = ReferenceDecoder(model, config, max_requests=1)
+    decoder = ReferenceDecoder(model, SPARSE, max_requests=1)
     captured = {}
     layer = decoder.layers[1]
     handle = layer.self_attn.q_proj.register_forward_pre_hook(lambda m, args: captured.setdefault("x", args[0]))
@@ -82,13 +87,8 @@ def test_the_prediction_equals_the_real_query_when_the_layer_input_is_the_same(m
 def test_each_layer_is_selected_once_per_step(model_and_truth):
     """Layer-ahead prediction must not re-enter the hooks: one selection per layer per step."""
     model, prompts, _ = model_and_truth
-    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
-    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256)
-    try:
-        result = decoder.generate(prompts, 6)
-    finally:
-        decoder.close()
-    budget_per_layer = config.topk_blocks * model.config.num_key_value_heads * len(prompts)
+    result = generate_sparse(model, prompts, 6)
+    budget_per_layer = SPARSE.topk_blocks * model.config.num_key_value_heads * len(prompts)
     for telemetry in result.telemetry:
         for layer, stats in telemetry.layers.items():
             assert stats.budget_blocks == budget_per_layer, f"layer {layer} selected more than once"

@@ -1,5 +1,9 @@
 """Build, load and call the native CPU attention kernel (native/scout_cpu_attention.cpp).
 
+The .cpp is the torch binding; the kernels are the headers next to it
+(native/*.h), found by its quoted #includes and compiled into the one
+translation unit.
+
 The fast path of the CPU part: built on first use with torch's cpp_extension
 for this host (-O3 -march=native), once per process under a lock, and cached
 on disk by torch. A build that fails (no compiler, compile error) is reported
@@ -20,7 +24,8 @@ import torch
 
 logger = logging.getLogger("scout_sglang.cpu_worker")
 
-SOURCES = (Path(__file__).parent / "native" / "scout_cpu_attention.cpp",)
+NATIVE_DIR = Path(__file__).parent / "native"
+SOURCES = (NATIVE_DIR / "scout_cpu_attention.cpp",)
 EXTRA_CFLAGS = ("-O3", "-march=native")
 _BUILD_LOCK = threading.Lock()
 
@@ -52,11 +57,25 @@ def host_key() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def headers_key(sources: tuple[Path, ...]) -> str:
+    """Short hash of the names and content of the headers (*.h) beside `sources`.
+
+    torch keys its extension cache by the content of the sources it compiles,
+    which leaves out the headers they include; with this key in the extension
+    name, an edited header gets a build of its own.
+    """
+    digest = hashlib.sha1()
+    for folder in sorted({Path(s).parent for s in sources}):
+        for header in sorted(folder.glob("*.h")):
+            digest.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
+    return digest.hexdigest()[:8]
+
+
 def build_native(
     *, name: str | None = None, sources: tuple[Path, ...] = SOURCES, extra_cflags: tuple[str, ...] = EXTRA_CFLAGS
 ) -> NativeBuild:
     """Compile and import the kernel; never raises (errors come back in the result)."""
-    name = name or f"scout_cpu_attention_{host_key()}"
+    name = name or f"scout_cpu_attention_{host_key()}_{headers_key(sources)}"
     try:
         from torch.utils.cpp_extension import load
 

@@ -40,8 +40,10 @@ def test_wheel_contains_every_module_and_native_source(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = expected_modules() - names
     assert not missing, f"missing from the wheel: {sorted(missing)}"
-    cpp = {str(p.relative_to(ROOT / "cpu_worker")) for p in (ROOT / "cpu_worker").rglob("*.cpp")}
-    assert all(f"scout_sglang/cpu_worker/{c}" in names for c in cpp)
+    native = {str(p.relative_to(ROOT / "cpu_worker")) for p in (ROOT / "cpu_worker" / "native").iterdir()}
+    assert any(n.endswith(".h") for n in native) and any(n.endswith(".cpp") for n in native)
+    missing_native = sorted(n for n in native if f"scout_sglang/cpu_worker/{n}" not in names)
+    assert not missing_native, f"native sources missing from the wheel: {missing_native}"
     presets = {p.name for p in (ROOT / "configs").glob("*.yaml")}
     assert presets and all(f"scout_sglang/configs/{p}" in names for p in presets)
     assert not any(n.startswith(("kernels/", "cpu_worker/", "configs/", "tests/")) for n in names), "top-level folder leaked"

@@ -10,8 +10,9 @@ STAMP := $(VENV)/.scout-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh
+$(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh scripts/setup_serving_env.sh scripts/serving-requirements.txt $(wildcard cpu_serving/*.py cpu_serving/sgl_kernel/*.py)
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_env.sh
+	VENV=$(VENV) bash scripts/setup_serving_env.sh
 	touch $(STAMP)
 
 test: $(STAMP)

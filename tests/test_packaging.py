@@ -46,7 +46,7 @@ def test_wheel_contains_every_module_and_native_source(wheel):
     assert not missing_native, f"native sources missing from the wheel: {missing_native}"
     presets = {p.name for p in (ROOT / "configs").glob("*.yaml")}
     assert presets and all(f"scout_sglang/configs/{p}" in names for p in presets)
-    assert not any(n.startswith(("kernels/", "cpu_worker/", "configs/", "tests/")) for n in names), "top-level folder leaked"
+    assert not any(n.startswith(("kernels/", "cpu_worker/", "configs/", "tests/", "cpu_serving/", "sgl_kernel/")) for n in names), "top-level folder leaked"
 
 
 def test_installed_wheel_imports_outside_the_repository(wheel, tmp_path):

@@ -24,3 +24,46 @@ def tiny_model(arch: str = "llama", *, num_layers: int = 3, hidden: int = 64, nu
     torch.manual_seed(seed)
     model = model_class(config).to(dtype)
     return model.eval()
+
+
+TOKENIZER_CORPUS = (
+    "the quick brown fox jumps over the lazy dog. a key and a value are hidden in a long text. "
+    "find the value of the key. scout attention keeps important blocks on the device and "
+    "computes the rest on the cpu one layer ahead. hello world, how are you today? "
+    "numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20."
+)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_tokenizer(vocab: int = 256):
+    """A byte-level BPE tokenizer trained offline on a built-in corpus, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([TOKENIZER_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_model(directory, arch: str = "llama", **model_kwargs):
+    """Write a random-weight tiny model and its tokenizer with save_pretrained; returns the path."""
+    tokenizer = build_tokenizer()
+    vocab = max(len(tokenizer), model_kwargs.pop("vocab", 0))
+    model = tiny_model(arch, vocab=vocab, **model_kwargs)
+    model.config.bos_token_id = tokenizer.bos_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

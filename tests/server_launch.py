@@ -1,0 +1,64 @@
+"""Launch a real SGLang server the way users do (python -m sglang.launch_server),
+on a free loopback port, and stop it with its whole process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launched_server(model_path, *args: str, env: dict | None = None, log_path=None):
+    """Yields the base URL of a running server; raises with the log tail if it fails to start."""
+    port = free_port()
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--device", "cpu",
+               "--host", "127.0.0.1", "--port", str(port), "--sleep-on-idle", *args]
+    environment = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", **(env or {}))
+    log = open(log_path, "w+") if log_path else open(os.devnull, "w+")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode} during start-up:\n{tail(log_path)}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{tail(log_path)}")
+            time.sleep(1)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def tail(log_path, lines: int = 40) -> str:
+    if not log_path:
+        return "(no log)"
+    with open(log_path) as handle:
+        return "".join(handle.readlines()[-lines:])

@@ -1,0 +1,53 @@
+"""The reproducible CPU serving environment: a stock SGLang server (torch_native
+attention) serves a locally built model through the OpenAI API and /generate."""
+
+import json
+import urllib.request
+
+import pytest
+from server_launch import launched_server
+from support import requires_sglang
+
+from scout_sglang.hf.tiny_models import save_tiny_model
+
+pytestmark = [requires_sglang, pytest.mark.slow]
+
+
+def post(url, payload, *, stream=False):
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        body = response.read().decode()
+    if not stream:
+        return json.loads(body)
+    events = [line[len("data: "):] for line in body.splitlines() if line.startswith("data: ")]
+    return [json.loads(e) for e in events if e != "[DONE]"]
+
+
+@pytest.fixture(scope="module")
+def stock_server(tmp_path_factory):
+    model = save_tiny_model(tmp_path_factory.mktemp("model"), "llama", num_layers=2, hidden=64, num_heads=4,
+                            num_kv_heads=2, head_dim=16)
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with launched_server(model, "--attention-backend", "torch_native", "--max-total-tokens", "2048",
+                         "--disable-radix-cache", log_path=log) as base:
+        yield base
+
+
+def test_chat_completion_answers(stock_server):
+    reply = post(stock_server + "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 6, "temperature": 0})
+    assert reply["usage"]["completion_tokens"] == 6 and reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_streaming_chat_completion_answers(stock_server):
+    events = post(stock_server + "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5, "temperature": 0,
+        "stream": True}, stream=True)
+    assert len(events) >= 2 and events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_completion_and_generate_agree_greedily(stock_server):
+    text = "the quick brown fox"
+    completion = post(stock_server + "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 6, "temperature": 0})
+    generated = post(stock_server + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    assert completion["choices"][0]["text"] == generated["text"]

@@ -67,12 +67,14 @@ class CoAttentionEngine:
     device, dtype : where and in which dtype the device-side KV lives
     max_requests : concurrent requests
     max_tokens_per_request : sizes the stores (host pages, device-full pages)
+    total_pages : overrides that sizing with a page count for all requests together
     cpu_pool : a CpuAttentionPool to use; None creates one when the mode needs it
     track_changes : compute the block change rate (costs a little per step)
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
-                 max_requests: int = 8, max_tokens_per_request: int = 4096, cpu_pool=None, track_changes: bool = True):
+                 max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
+                 cpu_pool=None, track_changes: bool = True):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -84,7 +86,7 @@ class CoAttentionEngine:
         offloaded = config.mode in RESIDENT_MODES + CPU_MODES
         self.offloaded_layers = tuple(l for l in range(shape.num_layers) if offloaded and l not in config.dense_layers)
         self.full_layers = tuple(l for l in range(shape.num_layers) if l not in self.offloaded_layers)
-        pages = max_requests * ceil_div(max_tokens_per_request, self.block_size)
+        pages = total_pages or max_requests * ceil_div(max_tokens_per_request, self.block_size)
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, shape=shape, block_size=self.block_size,
                                           dtype=dtype, device=self.device, with_digests=config.mode == "quest")
         self.offloaded = OffloadedStore(

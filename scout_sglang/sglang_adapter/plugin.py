@@ -1,0 +1,64 @@
+"""SGLang plugin entry point (group `sglang.srt.plugins`): registers `scout`.
+
+SGLang calls register() in every process, and only logs a plugin that raises,
+so registration is cheap, idempotent and never raises: on a wrong sglang
+version `scout` is still registered, with a factory that stops the server with
+the version message when (and only when) `scout` is selected. This is the one
+module that patches SGLang (a BEFORE hook on request release), written
+against sglang 0.5.23.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+from scout_sglang.sglang_adapter.version import SGLANG_VERSION, version_problem
+
+logger = logging.getLogger("scout_sglang.sglang_adapter")
+BACKEND_NAME = "scout"
+RELEASE_TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
+LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()  # backends of this process, freed on request release
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+    register_attention_backend(BACKEND_NAME)(create_backend)
+    if version_problem() is None:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
+
+
+def create_backend(model_runner):
+    """Factory SGLang calls for `--attention-backend scout`."""
+    problem = version_problem()
+    if problem:
+        raise RuntimeError(problem)
+    from scout_sglang.sglang_adapter.backend import _as_attention_backend
+
+    backend = _as_attention_backend()(model_runner)
+    LIVE_BACKENDS.add(backend)
+    return backend
+
+
+def _before_release(*args, **kwargs):
+    """Request finished, aborted or retracted: free its engine state in every backend."""
+    req = args[0] if args else kwargs.get("req")
+    index = getattr(getattr(req, "kv", None), "req_pool_idx", None)
+    if index is not None:
+        for backend in list(LIVE_BACKENDS):
+            backend.release(int(index))
+    return None
+
+
+__all__ = ["BACKEND_NAME", "SGLANG_VERSION", "create_backend", "register"]

@@ -9,10 +9,10 @@ import sys
 
 
 def _define_schemas() -> None:
-    import torch
+    from torch import library as torch_library
 
     try:
-        library = torch.library.Library("torchvision", "DEF")
+        library = torch_library.Library("torchvision", "DEF")
         library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         library.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
         _libraries.append(library)

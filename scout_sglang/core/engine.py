@@ -166,7 +166,7 @@ class CoAttentionEngine:
                 store.store_full_blocks(layer, rid, list(range(num_full)), blocks.to(self.device), vblocks.to(self.device))
             window = set(store.window_blocks(n))
             keep = [p for p in range(n) if p // self.block_size in window]
-            store.write_window(layer, rid, keep, k[keep].to(self.device), v[keep].to(self.device))
+            store.write_window(layer, [rid] * len(keep), keep, k[keep].to(self.device), v[keep].to(self.device))
         if layer == self.shape.num_layers - 1:
             state.num_tokens = n
 
@@ -287,10 +287,7 @@ class CoAttentionEngine:
             self.full_store.update_digest(layer, pages)
             return
         store = self.offloaded
-        pages = torch.tensor([store.window_page(r, p // self.block_size) for r, p in zip(rids, positions)], device=self.device)
-        offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
-        store.dev_k[layer][pages, :, offsets] = k_new.to(self.dtype)
-        store.dev_v[layer][pages, :, offsets] = v_new.to(self.dtype)
+        store.write_window(layer, rids, positions, k_new, v_new)
         for b in filled:
             block = positions[b] // self.block_size
             page = store.window_page(rids[b], block)

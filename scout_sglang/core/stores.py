@@ -162,8 +162,10 @@ class OffloadedStore:
         return [j for j in self.window_blocks(num_tokens) if j < num_full]
 
     # -- data movement -------------------------------------------------------
-    def write_window(self, layer: int, rid: int, positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        pages = torch.tensor([self.window_page(rid, p // self.block_size) for p in positions], device=self.device)
+    def write_window(self, layer: int, rids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write token i (k[i], v[i] of [N, Hkv, D]) of request rids[i] at positions[i] into its window page."""
+        pages = torch.tensor([self.window_page(r, p // self.block_size) for r, p in zip(rids, positions)],
+                             device=self.device)
         offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
         write_tokens(self.dev_k[layer], self.dev_v[layer], pages, offsets, k, v)
 

@@ -1,26 +1,14 @@
 """The reproducible CPU serving environment: a stock SGLang server (torch_native
 attention) serves a locally built model through the OpenAI API and /generate."""
 
-import json
-import urllib.request
-
 import pytest
-from server_launch import launched_server
 from support import requires_sglang
 
 from scout_sglang.hf.tiny_models import save_tiny_model
+from scout_sglang.server.client import post_json, post_stream
+from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
-
-
-def post(url, payload, *, stream=False):
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        body = response.read().decode()
-    if not stream:
-        return json.loads(body)
-    events = [line[len("data: "):] for line in body.splitlines() if line.startswith("data: ")]
-    return [json.loads(e) for e in events if e != "[DONE]"]
 
 
 @pytest.fixture(scope="module")
@@ -34,20 +22,19 @@ def stock_server(tmp_path_factory):
 
 
 def test_chat_completion_answers(stock_server):
-    reply = post(stock_server + "/v1/chat/completions", {
+    reply = post_json(stock_server + "/v1/chat/completions", {
         "model": "tiny", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 6, "temperature": 0})
     assert reply["usage"]["completion_tokens"] == 6 and reply["choices"][0]["finish_reason"] == "length"
 
 
 def test_streaming_chat_completion_answers(stock_server):
-    events = post(stock_server + "/v1/chat/completions", {
-        "model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5, "temperature": 0,
-        "stream": True}, stream=True)
+    events = post_stream(stock_server + "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5, "temperature": 0})
     assert len(events) >= 2 and events[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_completion_and_generate_agree_greedily(stock_server):
     text = "the quick brown fox"
-    completion = post(stock_server + "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 6, "temperature": 0})
-    generated = post(stock_server + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    completion = post_json(stock_server + "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 6, "temperature": 0})
+    generated = post_json(stock_server + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     assert completion["choices"][0]["text"] == generated["text"]

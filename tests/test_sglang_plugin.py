@@ -3,14 +3,13 @@ launch it: with a budget that covers every context, greedy output equals the
 stock torch_native backend's; bad settings stop the server with a clear message."""
 
 import concurrent.futures
-import json
-import urllib.request
 
 import pytest
-from server_launch import launched_server
 from support import requires_sglang
 
 from scout_sglang.hf.tiny_models import save_tiny_model
+from scout_sglang.server.client import generate
+from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 COMMON = ("--max-total-tokens", "4096", "--max-running-requests", "16", "--disable-radix-cache")
@@ -18,17 +17,9 @@ WORDS = "the quick brown fox jumps over the lazy dog find the value of the key".
 PROMPTS = [" ".join(WORDS[i % len(WORDS)] for i in range(n)) for n in (3, 20, 70, 150, 7, 45, 220, 260)]
 
 
-def generate(base, text, new_tokens=24):
-    payload = {"text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
-    request = urllib.request.Request(base + "/generate", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.loads(response.read())
-
-
 def generate_concurrently(base):
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(lambda text: generate(base, text), PROMPTS))
+        return list(pool.map(lambda text: generate(base, text, 24), PROMPTS))
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +52,12 @@ def test_a_bad_setting_stops_the_server_naming_it_and_the_accepted_values(model_
         with launched_server(model_dir, "--attention-backend", "scout", *COMMON, env={"SCOUT_MODE": "fast"}, log_path=log):
             pass
     assert "SCOUT_MODE='fast' is not accepted; accepted values: full, quest, infinigen, hgca, scout" in log.read_text()
+
+
+def test_an_unsupported_setting_stops_the_server_saying_what_to_do(model_dir, tmp_path):
+    log = tmp_path / "mixed.log"
+    with pytest.raises(RuntimeError, match="during start-up"):
+        with launched_server(model_dir, "--attention-backend", "scout", "--enable-mixed-chunk", *COMMON, log_path=log):
+            pass
+    assert ("the scout attention backend cannot run this server:\n  - --enable-mixed-chunk (decode tokens inside "
+            "prefill batches): run without it") in log.read_text()

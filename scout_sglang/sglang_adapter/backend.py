@@ -4,10 +4,10 @@ Extend/prefill is delegated by composition to a stock backend, which writes the
 prompt's K/V into SGLang's pool. A request's first decode copies its prompt K/V
 from the pool into the engine (host store + digests); every decode step then
 goes through the engine: the device part reads only the resident buffer,
-sink, window and tail, the rest comes from the CPU worker. In this version the
-SGLang pool still holds every token as well (the memory-saving pool is the
-next step), and the CPU work is launched in the same layer (layer-ahead hooks
-come next).
+sink, window and tail, the rest comes from the CPU worker. Forward pre-hooks on
+each layer's qkv_proj predict the next layer's query, so its selection and CPU
+attention start one layer early (layer_ahead.py). In this version the SGLang
+pool still holds every token as well (the memory-saving pool is the next step).
 """
 
 from __future__ import annotations
@@ -20,23 +20,37 @@ from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.stores import ceil_div
 from scout_sglang.env import config_from_env
+from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, prediction_problems
+from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 _config_logged = False
 
 
-def unsupported_reasons(model_runner) -> list[str]:
+def unsupported_reasons(model_runner, scout) -> list[str]:
     """Everything about this server that the scout backend cannot run (empty: fine)."""
     reasons = []
+    server_args = model_runner.server_args
     if getattr(model_runner, "use_mla_backend", False):
         reasons.append("MLA attention (DeepSeek-style models): use a stock backend such as flashinfer or triton")
     config = model_runner.model_config.hf_config
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         reasons.append("sliding-window attention: use a stock backend for this model")
-    if getattr(model_runner.server_args, "speculative_algorithm", None):
+    if getattr(server_args, "speculative_algorithm", None):
         reasons.append("speculative decoding: run without --speculative-algorithm")
     if getattr(model_runner, "is_draft_worker", False):
         reasons.append("a draft model: use a stock backend for the draft")
+    if getattr(server_args, "enable_mixed_chunk", False):
+        reasons.append("--enable-mixed-chunk (decode tokens inside prefill batches): run without it")
+    if getattr(server_args, "pp_size", 1) > 1:
+        reasons.append("pipeline parallelism: use --pp-size 1 (tensor parallelism is fine)")
+    if not str(getattr(server_args, "kv_cache_dtype", "auto")).startswith(("auto", "bf16", "bfloat16", "float16", "fp16")):
+        reasons.append(f"--kv-cache-dtype {server_args.kv_cache_dtype}: the host store and CPU kernel hold "
+                       "16-bit K/V; use --kv-cache-dtype auto")
+    if scout.mode in ("scout", "infinigen") and scout.layer_ahead:
+        for problem in prediction_problems(model_runner.model, model_runner.model_config.num_hidden_layers):
+            reasons.append(f"layer-ahead prediction: {problem}; set SCOUT_LAYER_AHEAD=0 to select with the "
+                           "real query in the same layer")
     return reasons
 
 
@@ -56,10 +70,10 @@ class ScoutAttnBackend:
     and by subclassing at import time below)."""
 
     def __init__(self, model_runner):
-        reasons = unsupported_reasons(model_runner)
+        self.config = config_from_env()
+        reasons = unsupported_reasons(model_runner, self.config)
         if reasons:
             raise RuntimeError("the scout attention backend cannot run this server:\n  - " + "\n  - ".join(reasons))
-        self.config = config_from_env()
         global _config_logged
         if not _config_logged:
             logger.info("scout attention backend configuration:\n%s", self.config.describe())
@@ -78,10 +92,26 @@ class ScoutAttnBackend:
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, total_pages=total_pages, track_changes=False)
         self.last_telemetry = None
+        self.stats = ServingStats()
+        self._predicted: dict[int, torch.Tensor] = {}
+        self.predictor = None
+        if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
+            self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
+                                            self._on_prediction)
 
     # -- AttentionBackend interface -------------------------------------------
     def init_forward_metadata(self, forward_batch):
         self.inner.init_forward_metadata(forward_batch)
+        decoding = forward_batch.forward_mode.is_decode() and forward_batch.batch_size > 0
+        if decoding:  # before the model runs: layer 0's pre-hook already predicts layer 1
+            self._begin_step(forward_batch)
+        if self.predictor is not None:
+            self.predictor.active = decoding
+            self.predictor.positions = forward_batch.positions if decoding else None
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        raise RuntimeError("the scout attention backend does not run under decode CUDA graphs yet (its CPU part "
+                           "and hooks must run eagerly): start the server with --cuda-graph-backend-decode disabled")
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if forward_batch.forward_mode.is_decode():
@@ -97,14 +127,20 @@ class ScoutAttnBackend:
         if save_kv_cache and k is not None:
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         layer_id = layer.layer_id
-        if layer_id == 0:
-            self._begin_step(forward_batch, layer)
+        if abs(layer.scaling - self.shape.softmax_scale) > 1e-6 * self.shape.softmax_scale:
+            raise RuntimeError(f"the scout backend assumes the softmax scale head_dim**-0.5 "
+                               f"({self.shape.softmax_scale}); this model uses {layer.scaling}")
         batch_size = forward_batch.batch_size
-        o = self.engine.attend(layer_id, q.reshape(batch_size, self.shape.num_qo_heads, self.shape.head_dim),
-                               k.reshape(batch_size, self.shape.num_kv_heads, self.shape.head_dim),
+        q = q.reshape(batch_size, self.shape.num_qo_heads, self.shape.head_dim)
+        predicted = self._predicted.pop(layer_id, None)
+        if predicted is not None:
+            self.stats.add_cosines(torch.nn.functional.cosine_similarity(predicted.float().flatten(1),
+                                                                         q.float().flatten(1), dim=-1))
+        o = self.engine.attend(layer_id, q, k.reshape(batch_size, self.shape.num_kv_heads, self.shape.head_dim),
                                v.reshape(batch_size, self.shape.num_kv_heads, self.shape.head_dim))
         if layer_id == self.shape.num_layers - 1:
             self.last_telemetry = self.engine.end_step()
+            self.stats.add_step(self.last_telemetry)
         return o.reshape(batch_size, self.shape.num_qo_heads * self.shape.head_dim).to(q.dtype)
 
     def get_cuda_graph_seq_len_fill_value(self):
@@ -113,14 +149,23 @@ class ScoutAttnBackend:
     def support_triton(self):
         return False
 
-    # -- requests -----------------------------------------------------------------
+    # -- layer-ahead ---------------------------------------------------------------
+    def _on_prediction(self, layer: int, q_pred: torch.Tensor) -> None:
+        self._predicted[layer] = q_pred
+        self.engine.predict(layer, q_pred)
+
+    # -- requests and statistics ----------------------------------------------------
+    def report(self) -> dict:
+        """Co-attention statistics since start-up plus the current page usage."""
+        return self.stats.report(self.engine.usage())
+
     def release(self, req_pool_idx: int) -> None:
+        if req_pool_idx in self.engine.requests:
+            self.stats.released_requests += 1
         self.engine.release_request(req_pool_idx)
 
-    def _begin_step(self, forward_batch, layer) -> None:
-        if abs(layer.scaling - self.shape.softmax_scale) > 1e-6 * self.shape.softmax_scale:
-            raise RuntimeError(f"the scout backend assumes the softmax scale head_dim**-0.5 "
-                               f"({self.shape.softmax_scale}); this model uses {layer.scaling}")
+    def _begin_step(self, forward_batch) -> None:
+        self._predicted.clear()
         rids = forward_batch.req_pool_indices.tolist()
         seq_lens = forward_batch.seq_lens_cpu.tolist()
         for rid, seq_len in zip(rids, seq_lens):
@@ -137,6 +182,7 @@ class ScoutAttnBackend:
     def _admit(self, rid: int, num_tokens: int) -> None:
         """Copy a request's prompt (and earlier tokens) from SGLang's pool into the engine."""
         self.engine.add_request(rid)
+        self.stats.admitted_requests += 1
         slots = self.req_to_token_pool.req_to_token[rid, :num_tokens].long()
         for layer_id in range(self.shape.num_layers):
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]

@@ -4,8 +4,10 @@ SGLang calls register() in every process, and only logs a plugin that raises,
 so registration is cheap, idempotent and never raises: on a wrong sglang
 version `scout` is still registered, with a factory that stops the server with
 the version message when (and only when) `scout` is selected. This is the one
-module that patches SGLang (a BEFORE hook on request release), written
-against sglang 0.5.23.
+module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
+request release (finish, abort, retraction) and an AFTER hook that adds the
+co-attention statistics to the scheduler's internal state (GET /server_info,
+"internal_states"[i]["scout"]).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from scout_sglang.sglang_adapter.version import SGLANG_VERSION, version_problem
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 BACKEND_NAME = "scout"
 RELEASE_TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
+STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
+                "SchedulerInternalStateController.get_internal_state")
 LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()  # backends of this process, freed on request release
 _registered = False
 
@@ -37,6 +41,7 @@ def register() -> None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
+        HookRegistry.register(STATE_TARGET, _add_statistics, HookType.AFTER)
 
 
 def create_backend(model_runner):
@@ -58,6 +63,15 @@ def _before_release(*args, **kwargs):
     if index is not None:
         for backend in list(LIVE_BACKENDS):
             backend.release(int(index))
+    return None
+
+
+def _add_statistics(result, *args, **kwargs):
+    """Scheduler internal state -> plus "scout": this process's co-attention statistics."""
+    backends = list(LIVE_BACKENDS)
+    state = getattr(result, "internal_state", None)
+    if backends and isinstance(state, dict):
+        state["scout"] = backends[0].report() if len(backends) == 1 else [b.report() for b in backends]
     return None
 
 

@@ -1,5 +1,9 @@
 """Launch a real SGLang server the way users do (python -m sglang.launch_server),
-on a free loopback port, and stop it with its whole process group."""
+on a free loopback port, and stop it with its whole process group.
+
+On the CPU it adds `--device cpu --sleep-on-idle` and SGLANG_USE_CPU_ENGINE=1
+(DESIGN.md section 6); on CUDA it turns decode CUDA graphs off, which the scout
+backend needs for now."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 import urllib.request
 
 STARTUP_TIMEOUT_S = 240
+DEVICE_ARGS = {"cpu": ("--device", "cpu", "--sleep-on-idle"), "cuda": ("--cuda-graph-backend-decode", "disabled")}
 
 
 def free_port() -> int:
@@ -22,12 +27,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched_server(model_path, *args: str, env: dict | None = None, log_path=None):
+def launched_server(model_path, *args: str, env: dict | None = None, log_path=None, device: str = "cpu"):
     """Yields the base URL of a running server; raises with the log tail if it fails to start."""
     port = free_port()
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--device", "cpu",
-               "--host", "127.0.0.1", "--port", str(port), "--sleep-on-idle", *args]
-    environment = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", **(env or {}))
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+               "--host", "127.0.0.1", "--port", str(port), *DEVICE_ARGS[device], *args]
+    environment = dict(os.environ, **(env or {}))
+    if device == "cpu":
+        environment["SGLANG_USE_CPU_ENGINE"] = "1"
     log = open(log_path, "w+") if log_path else open(os.devnull, "w+")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -1,0 +1,1 @@
+"""Launching a real SGLang server and talking to it over HTTP (no sglang import here)."""

@@ -1,0 +1,67 @@
+"""Co-attention statistics accumulated over a server's decode steps.
+
+The backend adds every step's telemetry; `report()` is what the server exposes
+(under "scout" in each entry of `/server_info`'s "internal_states") and what
+the main job prints: CPU compute ratio, recalls, CPU wait, predicted-query
+cosine, and the engine's current page usage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes")
+
+
+@dataclass
+class ServingStats:
+    decode_steps: int = 0
+    decoded_tokens: int = 0  # requests x steps
+    counters: dict = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    cpu_wait_s: float = 0.0
+    layers_launched_ahead: int = 0
+    layers_with_cpu_work: int = 0
+    timings: dict = field(default_factory=dict)
+    cosine_sum: float = 0.0
+    cosine_count: int = 0
+    admitted_requests: int = 0
+    released_requests: int = 0
+
+    def add_step(self, telemetry) -> None:
+        self.decode_steps += 1
+        self.decoded_tokens += telemetry.batch_size
+        for stats in telemetry.layers.values():
+            for name in COUNTERS:
+                self.counters[name] += getattr(stats, name)
+            self.cpu_wait_s += stats.cpu_wait_s
+            if stats.cpu_blocks:
+                self.layers_with_cpu_work += 1
+                self.layers_launched_ahead += int(stats.cpu_launched_ahead)
+        for key, seconds in telemetry.timings.items():
+            self.timings[key] = self.timings.get(key, 0.0) + seconds
+
+    def add_cosines(self, values) -> None:
+        self.cosine_sum += float(values.sum())
+        self.cosine_count += values.numel()
+
+    def report(self, usage: dict) -> dict:
+        budget = self.counters["budget_blocks"]
+        return {
+            "decode_steps": self.decode_steps,
+            "decoded_tokens": self.decoded_tokens,
+            "cpu_ratio": round(self.counters["cpu_blocks"] / budget, 4) if budget else 0.0,
+            "cpu_blocks": self.counters["cpu_blocks"],
+            "selected_blocks": self.counters["selected_blocks"],
+            "dropped_blocks": self.counters["dropped_blocks"],
+            "recalled_blocks": self.counters["recalled_blocks"],
+            "recall_mib": round(self.counters["recall_bytes"] / 2**20, 3),
+            "cpu_wait_ms": round(1e3 * self.cpu_wait_s, 3),
+            "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
+                                            if self.layers_with_cpu_work else 0.0),
+            "predicted_query_cosine": round(self.cosine_sum / self.cosine_count, 6) if self.cosine_count else None,
+            "predicted_queries": self.cosine_count,
+            "admitted_requests": self.admitted_requests,
+            "released_requests": self.released_requests,
+            "timings_ms": {key: round(1e3 * value, 3) for key, value in sorted(self.timings.items())},
+            "usage": usage,
+        }

@@ -1,0 +1,53 @@
+"""The scout backend in the other ways users deploy it, through the real SGLang
+server on a Qwen3 model (q_norm on the predicted query): split prefill/decode
+backends at a sparse budget (output equals the reference decoder), and the
+decode instance of a prefill/decode disaggregated deployment."""
+
+import pytest
+from sparse_reference import random_prompts, reference_outputs
+from support import requires_sglang
+
+from scout_sglang.hf.tiny_models import save_tiny_model
+from scout_sglang.server.client import generate, scout_stats
+from scout_sglang.server.launch import launched_server
+
+pytestmark = [requires_sglang, pytest.mark.slow]
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
+COMMON = ("--dtype", "float32", "--max-total-tokens", "8192", "--max-running-requests", "8", "--disable-radix-cache")
+VOCAB = 263
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("qwen3"), "qwen3", num_layers=4, hidden=64, num_heads=4,
+                           num_kv_heads=2, head_dim=16)
+
+
+def test_split_backends_decode_through_scout_and_match_the_reference_decoder(qwen3_dir, tmp_path):
+    prompts = random_prompts((260, 700), vocab=VOCAB, seed=4)
+    args = ("--prefill-attention-backend", "torch_native", "--decode-attention-backend", "scout", *COMMON)
+    with launched_server(qwen3_dir, *args, env=SCOUT_ENV, log_path=tmp_path / "split.log") as base:
+        served = [generate(base, prompt, 20)["output_ids"] for prompt in prompts]
+        stats = scout_stats(base)
+    expected, cosine, _ = reference_outputs(qwen3_dir, SCOUT_ENV, prompts, 20)
+    assert served == expected
+    assert stats["cpu_blocks"] > 0 and stats["cpu_launched_ahead_fraction"] == 1.0
+    assert stats["usage"]["requests"] == 0
+
+
+def test_a_pd_decode_instance_admits_transferred_requests_and_decodes(qwen3_dir, tmp_path):
+    """The fake transfer backend carries no KV, so only the flow is checked, not the text."""
+    args = ("--attention-backend", "scout", *COMMON, "--disaggregation-mode", "decode",
+            "--disaggregation-transfer-backend", "fake", "--disaggregation-decode-retraction-backup", "none")
+    prompts = random_prompts((40, 300, 700), vocab=VOCAB, seed=5)
+    with launched_server(qwen3_dir, *args, env=SCOUT_ENV, log_path=tmp_path / "pd.log") as base:
+        before = scout_stats(base)
+        outputs = [generate(base, prompt, 12, bootstrap_host="2.2.2.2", bootstrap_room=1000 + i)
+                   for i, prompt in enumerate(prompts)]
+        after = scout_stats(base)
+    assert [o["meta_info"]["completion_tokens"] for o in outputs] == [12, 12, 12]
+    assert after["admitted_requests"] - before["admitted_requests"] == 3  # digests built when each arrived
+    # Every token is a decode step here: the first one comes from a (fake) prefill instance, not a local prefill.
+    assert after["decode_steps"] - before["decode_steps"] == 3 * 12
+    assert after["selected_blocks"] > before["selected_blocks"]  # the digests were used to select blocks
+    assert after["usage"] == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}

@@ -1,0 +1,115 @@
+"""The scout backend serving through the real SGLang server (CPU, fp32) at a
+sparse budget: output equals the engine's reference decoder, the OpenAI API
+answers, 16 concurrent mixed-length requests complete, and an abort mid-decode
+frees the request's state while the server keeps serving."""
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+from sparse_reference import random_prompts, reference_outputs
+from support import requires_sglang
+
+from scout_sglang.hf.tiny_models import save_tiny_model
+from scout_sglang.server.client import generate, post, post_json, post_stream, scout_stats
+from scout_sglang.server.launch import launched_server
+
+pytestmark = [requires_sglang, pytest.mark.slow]
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}  # budget 128 tokens, blocks of 16
+BUDGET = 128
+ARGS = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "16384",
+        "--max-running-requests", "16", "--disable-radix-cache")
+VOCAB = 263
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("model"), "llama", num_layers=4, hidden=64, num_heads=4,
+                           num_kv_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "scout.log"
+    with launched_server(model_dir, *ARGS, env=SCOUT_ENV, log_path=log) as base:
+        yield base
+
+
+def stats_delta(before, after, key):
+    return after[key] - before[key]
+
+
+def test_sparse_budget_output_equals_the_reference_decoder(server, model_dir):
+    prompts = random_prompts((300, 650, 1000), vocab=VOCAB, seed=1)
+    before = scout_stats(server)
+    served = [generate(server, prompt, 24)["output_ids"] for prompt in prompts]  # one at a time, like the reference
+    after = scout_stats(server)
+    expected, cosine, count = reference_outputs(model_dir, SCOUT_ENV, prompts, 24)
+    assert min(map(len, prompts)) > 2 * BUDGET
+    assert served == expected
+    assert stats_delta(before, after, "cpu_blocks") > 0  # the CPU really attended part of the selection
+    assert after["cpu_launched_ahead_fraction"] == 1.0  # always from the layer-ahead prediction
+    # The server's predictor (fused qkv_proj rows + SGLang RoPE) predicts what transformers' q_proj does.
+    served_count = stats_delta(before, after, "predicted_queries")
+    served_sum = (after["predicted_query_cosine"] * after["predicted_queries"]
+                  - (before["predicted_query_cosine"] or 0.0) * before["predicted_queries"])
+    assert served_count == count
+    assert served_sum / served_count == pytest.approx(cosine, abs=1e-3)
+
+
+def test_openai_chat_streaming_completions_and_generate_answer(server):
+    chat = post_json(server + "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "find the value of the key " * 20}],
+        "max_tokens": 8, "temperature": 0})
+    assert chat["usage"]["completion_tokens"] == 8 and chat["choices"][0]["finish_reason"] == "length"
+    events = post_stream(server + "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "hello world " * 30}], "max_tokens": 8,
+        "temperature": 0})
+    assert len(events) >= 2 and events[-1]["choices"][0]["finish_reason"] == "length"
+    text = "the quick brown fox jumps over the lazy dog " * 12
+    completion = post_json(server + "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 8,
+                                                        "temperature": 0})
+    generated = post_json(server + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 8,
+                                                                                   "temperature": 0}})
+    assert completion["choices"][0]["text"] == generated["text"]
+
+
+def test_sixteen_concurrent_requests_of_mixed_lengths_all_complete(server, model_dir):
+    lengths = [20, 90, 150, 900, 40, 700, 260, 130, 510, 60, 380, 800, 33, 610, 200, 450]
+    prompts = random_prompts(lengths, vocab=VOCAB, seed=2)
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        outputs = list(pool.map(lambda prompt: generate(server, prompt, 16), prompts))
+    assert [o["meta_info"]["completion_tokens"] for o in outputs] == [16] * 16
+    assert sum(n > BUDGET for n in lengths) >= 8
+    expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, prompts, 16)
+    assert [o["output_ids"] for o in outputs] == expected
+    assert scout_stats(server)["usage"]["requests"] == 0
+
+
+def wait_for(condition, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_an_abort_mid_decode_frees_the_request_and_the_server_keeps_serving(server):
+    prompt = random_prompts((500,), vocab=VOCAB, seed=3)[0]
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(generate(server, prompt, 3000, rid="abort-me")))
+    start = scout_stats(server)["decode_steps"]
+    worker.start()
+    wait_for(lambda: (s := scout_stats(server))["usage"]["requests"] == 1 and s["decode_steps"] > start + 20,
+             what="the long request to be decoding")
+    post(server + "/abort_request", {"rid": "abort-me"})
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert result["meta_info"]["finish_reason"]["type"] == "abort"
+    assert result["meta_info"]["completion_tokens"] < 3000
+    usage = wait_for(lambda: (u := scout_stats(server)["usage"])["requests"] == 0 and u, what="state to be freed")
+    assert usage == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}
+    assert generate(server, prompt[:200], 8)["meta_info"]["completion_tokens"] == 8

@@ -25,12 +25,11 @@ bench: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py
 	$(PY) -P benchmarks/bench_kernels.py
 
-# The main job. Until the SGLang plugin lands: co-attention decoding of a small
-# built-in model (scout mode vs dense, with the co-attention statistics), then
-# the CPU attention benchmark in quick mode.
+# The main job: an SGLang server with --attention-backend scout on a small model
+# built in place, asked through the OpenAI API; prints the answers and the
+# co-attention statistics, then stops the server.
 demo: $(STAMP)
 	$(PY) -P -m scout_sglang.demo
-	$(PY) -P benchmarks/bench_cpu_attention.py --quick
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,80 +1,102 @@
-"""The main job until the SGLang plugin lands: co-attention decoding on a small
-model built in place (no download), on the CPU when there is no GPU.
+"""The main job: an SGLang server with `--attention-backend scout` on a small
+model built in place (no download), asked through the OpenAI API.
 
-Decodes the same prompts with transformers' own dense decoding and with the
-engine in scout mode at a budget that covers the context (tokens must match)
-and at a sparse budget (prints the co-attention statistics: CPU compute ratio,
-recalls, CPU wait, block change rate). Run: python -P -m scout_sglang.demo
+Starts `python -m sglang.launch_server` (on the CPU when there is no GPU),
+sends concurrent long-context chat requests and one streaming request, prints
+the answers and the co-attention statistics the server reports (CPU compute
+ratio, recalls, CPU wait, predicted-query cosine), and shuts the server down.
+The last line printed is a JSON report. Run: python -P -m scout_sglang.demo
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-import torch
+DOCUMENT = ("scout attention keeps important blocks on the device and computes the rest on the cpu one layer "
+            "ahead. a key and a value are hidden in a long text. ")
+QUESTIONS = ["find the value of the key.", "what does the cpu compute?", "how are you today?",
+             "which blocks stay on the device?"]
+MODEL = dict(arch="qwen3", num_layers=4, hidden=128, num_heads=8, num_kv_heads=2, head_dim=32)
 
 
 def log(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
-def summarize(telemetry) -> dict:
-    totals = [step.totals() for step in telemetry]
-    budget = sum(t.budget_blocks for t in totals)
-    compared = sum(t.compared_blocks for t in totals)
-    return {
-        "cpu_ratio": round(sum(t.cpu_blocks for t in totals) / budget, 4) if budget else 0.0,
-        "recalled_blocks": sum(t.recalled_blocks for t in totals),
-        "recall_mib": round(sum(t.recall_bytes for t in totals) / 2**20, 3),
-        "cpu_wait_ms": round(1e3 * sum(t.cpu_wait_s for t in totals), 2),
-        "block_change_rate": round(sum(t.changed_blocks for t in totals) / compared, 4) if compared else 0.0,
-    }
+def chat(base: str, content: str, max_tokens: int) -> dict:
+    from scout_sglang.server.client import post_json
+
+    return post_json(base + "/v1/chat/completions", {
+        "model": "scout-demo", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "temperature": 0})
+
+
+def ask(base: str, documents: list[str], max_tokens: int) -> list[dict]:
+    """The questions concurrently (each after its long document), then one streamed."""
+    from scout_sglang.server.client import post_stream
+
+    prompts = [f"{doc}\n{question}" for doc, question in zip(documents, QUESTIONS)]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        replies = list(pool.map(lambda prompt: chat(base, prompt, max_tokens), prompts))
+    answers = [{"question": q, "prompt_tokens": r["usage"]["prompt_tokens"],
+                "answer": r["choices"][0]["message"]["content"]} for q, r in zip(QUESTIONS, replies)]
+    events = post_stream(base + "/v1/chat/completions", {
+        "model": "scout-demo", "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": max_tokens,
+        "temperature": 0})
+    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    answers.append({"question": QUESTIONS[0] + " (streamed)", "prompt_tokens": answers[0]["prompt_tokens"],
+                    "answer": streamed})
+    return answers
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--budget", type=int, default=256, help="sparse token budget")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--document-repeats", type=int, default=12, help="length of each long document")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--config", default="tiny", help="SCOUT_CONFIG preset or YAML path")
+    parser.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     args = parser.parse_args(argv)
 
-    from scout_sglang.config import ScoutConfig
-    from scout_sglang.hf.reference_decoder import ReferenceDecoder, dense_generate
-    from scout_sglang.hf.tiny_models import tiny_model
+    import torch
+
+    from scout_sglang.hf.tiny_models import save_tiny_model
+    from scout_sglang.server.client import scout_stats
+    from scout_sglang.server.launch import launched_server
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = tiny_model("qwen3", num_layers=4, hidden=128, num_heads=8, num_kv_heads=2, head_dim=32, vocab=256,
-                       init_std=0.1).to(device)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (args.prompt_tokens, args.prompt_tokens // 2)]
-    log(f"model: random-weight Qwen3, 4 layers, 8 query / 2 KV heads, on {device}; prompts {[len(p) for p in prompts]}")
-
-    start = time.perf_counter()
-    dense = dense_generate(model, prompts, args.new_tokens)
-    log(f"dense decoding (transformers): {time.perf_counter() - start:.1f} s")
-    report = {"device": device}
-    longest = max(map(len, prompts)) + args.new_tokens
-    for label, budget in (("covering", 32 * (-(-longest // 32))), ("sparse", args.budget)):
-        config = ScoutConfig(mode="scout", block_size=32, token_budget=budget, sink_blocks=1, local_blocks=2)
-        decoder = ReferenceDecoder(model, config, max_requests=len(prompts), max_tokens_per_request=longest)
-        try:
+    with tempfile.TemporaryDirectory(prefix="scout-demo-") as work:
+        model_dir = save_tiny_model(Path(work) / "model", **MODEL)
+        log_path = args.log or Path(work) / "server.log"
+        log(f"model: random-weight Qwen3 ({MODEL['num_layers']} layers, {MODEL['num_heads']} query / "
+            f"{MODEL['num_kv_heads']} KV heads), built in {model_dir}; its answers are not meaningful text")
+        log(f"starting the SGLang server with --attention-backend scout on {device} (SCOUT_CONFIG={args.config}; "
+            f"the first start also builds the native CPU kernel, about a minute); log: {log_path}")
+        server_args = ("--attention-backend", "scout", "--max-total-tokens", "16384", "--max-running-requests", "8",
+                       "--disable-radix-cache")
+        start = time.perf_counter()
+        with launched_server(model_dir, *server_args, env={"SCOUT_CONFIG": args.config}, log_path=log_path,
+                             device=device) as base:
+            log(f"server up at {base} after {time.perf_counter() - start:.0f} s; sending "
+                f"{len(QUESTIONS)} concurrent chat requests and one streaming request")
+            documents = [DOCUMENT * (args.document_repeats + 4 * i) for i in range(len(QUESTIONS))]
             start = time.perf_counter()
-            result = decoder.generate(prompts, args.new_tokens)
+            answers = ask(base, documents, args.max_tokens)
             elapsed = time.perf_counter() - start
-        finally:
-            decoder.close()
-        same = sum(a == b for x, y in zip(result.tokens, dense.tokens) for a, b in zip(x, y))
-        total = sum(map(len, dense.tokens))
-        stats = summarize(result.telemetry)
-        cosine = {layer: round(sum(v) / len(v), 3) for layer, v in result.query_cosine.items()}
-        log(f"scout, budget {budget} ({label}): {elapsed:.1f} s, tokens equal to dense {same}/{total}, {stats}")
-        log(f"  predicted-vs-real query cosine per layer: {cosine}")
-        print(f"request 0 ({label} budget) first tokens: {result.tokens[0][:16]}")
-        report[label] = {"budget": budget, "tokens_equal_to_dense": f"{same}/{total}", **stats}
-    print(json.dumps(report))
+            stats = scout_stats(base)
+        log("server stopped")
+    for item in answers:
+        print(f"Q ({item['prompt_tokens']} prompt tokens): {item['question']}\nA: {item['answer']!r}")
+    print(f"co-attention since the server started (SGLang's warm-up request included): CPU compute ratio {stats['cpu_ratio']:.1%}, {stats['recalled_blocks']} blocks recalled "
+          f"({stats['recall_mib']} MiB), CPU wait {stats['cpu_wait_ms']:.1f} ms over {stats['decode_steps']} decode "
+          f"steps, CPU part launched one layer ahead {stats['cpu_launched_ahead_fraction']:.0%} of the time, "
+          f"predicted-query cosine {stats['predicted_query_cosine']}")
+    print(json.dumps({"device": device, "requests_seconds": round(elapsed, 2), "answers": answers, "scout": stats}))
     return 0
 
 

@@ -1,7 +1,10 @@
 """The scout backend in the other ways users deploy it, through the real SGLang
 server on a Qwen3 model (q_norm on the predicted query): split prefill/decode
-backends at a sparse budget (output equals the reference decoder), and the
-decode instance of a prefill/decode disaggregated deployment."""
+backends at a sparse budget (output equals the reference decoder), the decode
+instance of a prefill/decode disaggregated deployment, and a KV pool small
+enough that SGLang retracts and recomputes requests."""
+
+import concurrent.futures
 
 import pytest
 from sparse_reference import random_prompts, reference_outputs
@@ -51,3 +54,26 @@ def test_a_pd_decode_instance_admits_transferred_requests_and_decodes(qwen3_dir,
     assert after["decode_steps"] - before["decode_steps"] == 3 * 12
     assert after["selected_blocks"] > before["selected_blocks"]  # the digests were used to select blocks
     assert after["usage"] == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}
+
+
+def test_retracted_requests_are_freed_rebuilt_and_still_decode_exactly(qwen3_dir, tmp_path):
+    """A KV pool too small for the batch makes SGLang retract requests and later recompute them.
+    The budget covers the context: after a retraction SGLang samples the next token from its
+    (dense) re-prefill, so only a covering budget has one right answer to compare with."""
+    env = {**SCOUT_ENV, "SCOUT_TOKEN_BUDGET": "2048", "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "16"}
+    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "1536",
+            "--max-running-requests", "8")  # radix cache on: with it off SGLang reserves every new token
+    prompts = random_prompts((150, 200, 250, 180, 220, 160), vocab=VOCAB, seed=6)
+    log = tmp_path / "retract.log"
+    with launched_server(qwen3_dir, *args, env=env, log_path=log) as base:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            outputs = list(pool.map(lambda prompt: generate(base, prompt, 300), prompts))
+        stats = scout_stats(base)
+    text = log.read_text()
+    retractions = text.count("KV cache pool is full. Retract requests.")
+    assert retractions >= 1
+    assert "changed owner or was retracted" not in text  # the release hook freed them, not the fallback check
+    assert stats["admitted_requests"] >= len(prompts) + 1 + retractions  # warm-up, then re-admitted after recompute
+    assert stats["usage"]["requests"] == 0 and stats["usage"]["host_pages"] == 0
+    expected, _, _ = reference_outputs(qwen3_dir, {k: v for k, v in env.items() if k.startswith("SCOUT_")}, prompts, 300)
+    assert [o["output_ids"] for o in outputs] == expected

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test bench-quick bench demo clean
+.PHONY: setup test bench-quick bench demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -31,5 +31,17 @@ bench: $(STAMP)
 demo: $(STAMP)
 	$(PY) -P -m scout_sglang.demo
 
+# Retrains the bundled retrieval model (about 10 minutes on 2 CPU cores).
+train-retrieval: $(STAMP)
+	$(PY) -P -m scout_sglang.retrieval.train --out scout_sglang/assets/needle-llama
+
+# lm-evaluation-harness in its own environment, for benchmarks/harness/ruler_lm_eval.py.
+harness-setup: .venv-harness/.installed
+
+.venv-harness/.installed: benchmarks/harness/requirements.txt
+	$(PYTHON) -m venv .venv-harness
+	.venv-harness/bin/pip install -q -r benchmarks/harness/requirements.txt
+	touch $@
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) .venv-harness build dist *.egg-info

@@ -1,11 +1,13 @@
-"""The main job: an SGLang server with `--attention-backend scout` on a small
-model built in place (no download), asked through the OpenAI API.
+"""The main job: an SGLang server with `--attention-backend scout` on the
+bundled retrieval model (trained here, no download), asked through the OpenAI API.
 
 Starts `python -m sglang.launch_server` (on the CPU when there is no GPU),
-sends concurrent long-context chat requests and one streaming request, prints
-the answers and the co-attention statistics the server reports (CPU compute
-ratio, recalls, CPU wait, predicted-query cosine), and shuts the server down.
-The last line printed is a JSON report. Run: python -P -m scout_sglang.demo
+sends concurrent long-context chat requests (needles hidden in a haystack, a
+query naming one key; scout_sglang.retrieval.data) and one streaming request,
+prints each answer next to the right one and the co-attention statistics the
+server reports (CPU compute ratio, recalls, CPU wait, predicted-query cosine),
+and shuts the server down. The last line printed is a JSON report.
+Run: python -P -m scout_sglang.demo
 """
 
 from __future__ import annotations
@@ -18,80 +20,92 @@ import tempfile
 import time
 from pathlib import Path
 
-DOCUMENT = ("scout attention keeps important blocks on the device and computes the rest on the cpu one layer "
-            "ahead. a key and a value are hidden in a long text. ")
-QUESTIONS = ["find the value of the key.", "what does the cpu compute?", "how are you today?",
-             "which blocks stay on the device?"]
-MODEL = dict(arch="qwen3", num_layers=4, hidden=128, num_heads=8, num_kv_heads=2, head_dim=32)
+CONTEXTS = (512, 768, 1024, 1024)  # prompt tokens of the concurrent requests (the model is trained to 1024)
 
 
 def log(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
+def demo_samples(contexts) -> list:
+    """One held-out needle sequence per context length (fixed seeds: the same questions every run)."""
+    from scout_sglang.retrieval.evaluate import held_out
+
+    return [held_out(1, length, seed=4242 + i)[0] for i, length in enumerate(contexts)]
+
+
 def chat(base: str, content: str, max_tokens: int) -> dict:
     from scout_sglang.server.client import post_json
 
     return post_json(base + "/v1/chat/completions", {
-        "model": "scout-demo", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "model": "needle", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
         "temperature": 0})
 
 
-def ask(base: str, documents: list[str], max_tokens: int) -> list[dict]:
-    """The questions concurrently (each after its long document), then one streamed."""
+def ask(base: str, samples, max_tokens: int) -> list[dict]:
+    """The samples concurrently, then the first one again, streamed."""
+    from scout_sglang.retrieval.data import words
     from scout_sglang.server.client import post_stream
 
-    prompts = [f"{doc}\n{question}" for doc, question in zip(documents, QUESTIONS)]
+    prompts = [" ".join(words(s.prompt)) for s in samples]
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         replies = list(pool.map(lambda prompt: chat(base, prompt, max_tokens), prompts))
-    answers = [{"question": q, "prompt_tokens": r["usage"]["prompt_tokens"],
-                "answer": r["choices"][0]["message"]["content"]} for q, r in zip(QUESTIONS, replies)]
+    texts = [r["choices"][0]["message"]["content"] for r in replies]
     events = post_stream(base + "/v1/chat/completions", {
-        "model": "scout-demo", "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": max_tokens,
+        "model": "needle", "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": max_tokens,
         "temperature": 0})
-    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
-    answers.append({"question": QUESTIONS[0] + " (streamed)", "prompt_tokens": answers[0]["prompt_tokens"],
-                    "answer": streamed})
+    texts.append("".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")))
+    answers = []
+    for index, (sample, text) in enumerate(zip([*samples, samples[0]], texts)):
+        expected = " ".join(words(sample.answer[:3]))
+        answers.append({"prompt_tokens": len(sample.prompt), "needle_depth": round(sample.needle_depth, 2),
+                        "query": words(sample.prompt)[-1], "expected": expected, "answer": text.strip(),
+                        "correct": text.split()[:3] == expected.split(), "streamed": index == len(samples)})
     return answers
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--document-repeats", type=int, default=12, help="length of each long document")
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="prompt tokens per request")
+    parser.add_argument("--max-tokens", type=int, default=5)
     parser.add_argument("--config", default="tiny", help="SCOUT_CONFIG preset or YAML path")
+    parser.add_argument("--budget", type=int, default=128, help="SCOUT_TOKEN_BUDGET (tokens per request, layer, head)")
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the bundled one)")
     parser.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     args = parser.parse_args(argv)
 
     import torch
 
-    from scout_sglang.hf.tiny_models import save_tiny_model
+    from scout_sglang.retrieval.evaluate import bundled_model_dir
     from scout_sglang.server.client import scout_stats
     from scout_sglang.server.launch import launched_server
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_dir = args.model or bundled_model_dir()
+    samples = demo_samples(args.contexts)
     with tempfile.TemporaryDirectory(prefix="scout-demo-") as work:
-        model_dir = save_tiny_model(Path(work) / "model", **MODEL)
         log_path = args.log or Path(work) / "server.log"
-        log(f"model: random-weight Qwen3 ({MODEL['num_layers']} layers, {MODEL['num_heads']} query / "
-            f"{MODEL['num_kv_heads']} KV heads), built in {model_dir}; its answers are not meaningful text")
-        log(f"starting the SGLang server with --attention-backend scout on {device} (SCOUT_CONFIG={args.config}; "
-            f"the first start also builds the native CPU kernel, about a minute); log: {log_path}")
+        log(f"model: {model_dir.name} (a 2-layer Llama trained on needle retrieval; scout_sglang.retrieval)")
+        log(f"starting the SGLang server with --attention-backend scout on {device} (SCOUT_CONFIG={args.config}, "
+            f"budget {args.budget} tokens; the first start also builds the native CPU kernel, about a minute); "
+            f"log: {log_path}")
         server_args = ("--attention-backend", "scout", "--max-total-tokens", "16384", "--max-running-requests", "8",
                        "--disable-radix-cache")
+        env = {"SCOUT_CONFIG": args.config, "SCOUT_TOKEN_BUDGET": str(args.budget)}
         start = time.perf_counter()
-        with launched_server(model_dir, *server_args, env={"SCOUT_CONFIG": args.config}, log_path=log_path,
-                             device=device) as base:
-            log(f"server up at {base} after {time.perf_counter() - start:.0f} s; sending "
-                f"{len(QUESTIONS)} concurrent chat requests and one streaming request")
-            documents = [DOCUMENT * (args.document_repeats + 4 * i) for i in range(len(QUESTIONS))]
+        with launched_server(model_dir, *server_args, env=env, log_path=log_path, device=device) as base:
+            log(f"server up at {base} after {time.perf_counter() - start:.0f} s; sending {len(samples)} concurrent "
+                f"chat requests ({', '.join(map(str, args.contexts))} tokens) and one streaming request")
             start = time.perf_counter()
-            answers = ask(base, documents, args.max_tokens)
+            answers = ask(base, samples, args.max_tokens)
             elapsed = time.perf_counter() - start
             stats = scout_stats(base)
         log("server stopped")
     for item in answers:
-        print(f"Q ({item['prompt_tokens']} prompt tokens): {item['question']}\nA: {item['answer']!r}")
+        mark = "right" if item["correct"] else "WRONG"
+        print(f"{item['prompt_tokens']} tokens, needle at {item['needle_depth']:.0%}, query {item['query']}"
+              f"{' (streamed)' if item['streamed'] else ''}: answered {item['answer']!r}, "
+              f"expected {item['expected']!r}: {mark}")
     print(f"co-attention since the server started (SGLang's warm-up request included): CPU compute ratio {stats['cpu_ratio']:.1%}, {stats['recalled_blocks']} blocks recalled "
           f"({stats['recall_mib']} MiB), CPU wait {stats['cpu_wait_ms']:.1f} ms over {stats['decode_steps']} decode "
           f"steps, CPU part launched one layer ahead {stats['cpu_launched_ahead_fraction']:.0%} of the time, "

@@ -4,6 +4,7 @@ real server's refusal is in test_sglang_plugin.py)."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -87,3 +88,11 @@ def test_the_predictor_uses_the_next_layers_q_rows_and_only_while_decoding():
     predictor.remove()
     layers[1].self_attn.qkv_proj(x)
     assert len(calls) == 1
+
+
+def test_a_host_store_larger_than_the_free_memory_is_refused_with_what_to_change():
+    from scout_sglang.sglang_adapter.backend import check_host_memory
+
+    check_host_memory(2**20, 1000)
+    with pytest.raises(RuntimeError, match="lower --max-total-tokens"):
+        check_host_memory(2**60, 10**9)

@@ -13,6 +13,7 @@ pool still holds every token as well (the memory-saving pool is the next step).
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -54,6 +55,15 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
     return reasons
 
 
+def check_host_memory(host_bytes: int, tokens: int) -> None:
+    """Refuse to start when the host store would not fit in the memory available now."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if host_bytes > 0.9 * available:
+        raise RuntimeError(
+            f"the scout host store for {tokens} tokens needs {host_bytes / 2**30:.1f} GiB of host memory, but only "
+            f"{available / 2**30:.1f} GiB is available: lower --max-total-tokens (or --mem-fraction-static)")
+
+
 def stock_backend(model_runner):
     """The backend that runs prefill: torch_native on CPU, triton on CUDA."""
     if model_runner.device == "cpu" or str(model_runner.device).startswith("cpu"):
@@ -89,6 +99,8 @@ class ScoutAttnBackend:
                                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
         max_requests = self.req_to_token_pool.size
         total_pages = ceil_div(model_runner.max_total_num_tokens, self.config.block_size) + max_requests
+        check_host_memory(total_pages * self.config.block_size * pool.head_num * pool.head_dim * 2
+                          * pool.dtype.itemsize * self.shape.num_layers, model_runner.max_total_num_tokens)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, total_pages=total_pages, track_changes=False)
         self.last_telemetry = None

@@ -1,0 +1,74 @@
+"""Exact-match accuracy of the retrieval model, through the engine or a server.
+
+A sample is right when the greedy continuation of its prompt is `K V1 V2`:
+the key repeated (from the dense prefill), then both values of the queried
+needle (from decode steps, where the sparse modes differ).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from scout_sglang.retrieval import data
+
+ANSWER_TOKENS = 3  # K V1 V2
+EVAL_SEED = 1_000  # held-out seeds: far from the training seeds (train.TRAIN_SEED + step)
+
+
+def bundled_model_dir() -> Path:
+    """The committed retrieval model (trained by scout_sglang.retrieval.train)."""
+    import scout_sglang.assets
+
+    return Path(scout_sglang.assets.__file__).resolve().parent / "needle-llama"
+
+
+def held_out(count: int, length: int, needles: int = 8, seed: int = EVAL_SEED) -> list[data.Sample]:
+    return data.make_batch(count, length, needles, seed=seed + 7919 * length + needles)
+
+
+def load_model(model_dir=None):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir or bundled_model_dir(), dtype=torch.float32).eval()
+
+
+def is_correct(sample: data.Sample, generated: list[int]) -> bool:
+    return list(generated[:ANSWER_TOKENS]) == sample.answer[:ANSWER_TOKENS]
+
+
+def engine_accuracy(model, samples: list[data.Sample], config, batch_size: int = 16) -> float:
+    """Accuracy with the engine in `config`'s mode (the reference decoder), batch by batch."""
+    from scout_sglang.hf.reference_decoder import ReferenceDecoder
+
+    longest = max(len(s.prompt) for s in samples) + ANSWER_TOKENS
+    decoder = ReferenceDecoder(model, config, max_requests=batch_size, max_tokens_per_request=longest,
+                               track_changes=False)
+    correct = 0
+    try:
+        for start in range(0, len(samples), batch_size):
+            chunk = samples[start:start + batch_size]
+            result = decoder.generate([s.prompt for s in chunk], ANSWER_TOKENS)
+            correct += sum(is_correct(s, tokens) for s, tokens in zip(chunk, result.tokens))
+    finally:
+        decoder.close()
+    return correct / len(samples)
+
+
+def server_accuracy(base: str, samples: list[data.Sample], concurrency: int = 8) -> float:
+    """Accuracy through a running server's OpenAI completions API (prompt as text, greedy)."""
+    import concurrent.futures
+
+    from scout_sglang.server.client import post_json
+
+    def ask(sample):
+        reply = post_json(base + "/v1/completions", {
+            "model": "needle", "prompt": " ".join(data.words(sample.prompt)), "max_tokens": ANSWER_TOKENS,
+            "temperature": 0})
+        return reply["choices"][0]["text"].split()
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        texts = list(pool.map(ask, samples))
+    expected = [data.words(s.answer[:ANSWER_TOKENS]) for s in samples]
+    return sum(text[:ANSWER_TOKENS] == want for text, want in zip(texts, expected)) / len(samples)

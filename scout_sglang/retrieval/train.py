@@ -1,0 +1,147 @@
+"""Train the retrieval model on this machine's CPU, deterministically.
+
+A small Llama learns the needle task (data.py) with a length curriculum; the
+loss is on the answer tokens only. Every `--eval-every` steps it reports the
+exact-match accuracy on held-out sequences; at the end it evaluates at the
+final lengths and saves model + tokenizer with save_pretrained, plus
+training_report.json. Run:
+
+    python -P -m scout_sglang.retrieval.train --out scout_sglang/assets/needle-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from scout_sglang.retrieval import data
+
+MODEL = dict(num_layers=2, hidden=128, num_heads=4, num_kv_heads=2, head_dim=32)
+HELD_OUT_SEED = 0  # evaluation seeds count up from here; training seeds from TRAIN_SEED
+TRAIN_SEED = 10_000_000
+
+
+def log(message: str) -> None:
+    print(f"[train] {message}", file=sys.stderr, flush=True)
+
+
+def build_model(seed: int = 0, **shape):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = {**MODEL, **shape}
+    config = LlamaConfig(vocab_size=len(data.VOCAB), hidden_size=shape["hidden"], intermediate_size=2 * shape["hidden"],
+                         num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_heads"],
+                         num_key_value_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
+                         max_position_embeddings=8192, tie_word_embeddings=False,
+                         bos_token_id=data.TOKEN_ID["<bos>"], eos_token_id=data.TOKEN_ID["<eos>"],
+                         pad_token_id=data.TOKEN_ID["<pad>"])
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def curriculum(step: int, steps: int, max_length: int) -> tuple[int, int]:
+    """(length, needles) for a step. 64 tokens with two needles for the first 55% of training:
+    the key-matching circuit forms there, after a plateau (with a single needle the model learns
+    a shortcut that does not match keys). Then lengths grow geometrically to max_length and
+    needles to 8 by 85%; then max_length."""
+    progress = min(1.0, max(0.0, (step / steps - 0.55) / 0.3))
+    length = int(64 * (max_length / 64) ** progress) // 32 * 32
+    needles = 2 + round(progress * 6)
+    return length, needles
+
+
+def batch_size(length: int, batch: int) -> int:
+    """Fewer sequences per step at long lengths (a bounded number of tokens per step)."""
+    return max(4, min(batch, 8192 // length))
+
+
+@torch.no_grad()
+def exact_match(model, samples: list[data.Sample], batch_size: int = 16) -> float:
+    """Greedy exact match of the two values: teacher-forced argmax at every answer position up to the values
+    (greedy decoding produces the answer exactly when each of those argmaxes is right)."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        inputs, targets = data.training_tensors(chunk)
+        logits = model(input_ids=inputs).logits
+        for b, sample in enumerate(chunk):
+            first = len(sample.prompt) - 1
+            predicted = logits[b, first:first + 3].argmax(-1)
+            correct += bool((predicted == targets[b, first:first + 3]).all())
+    model.train()
+    return correct / len(samples)
+
+
+def held_out(count: int, length: int, needles: int, offset: int = 0) -> list[data.Sample]:
+    return data.make_batch(count, length, needles, seed=HELD_OUT_SEED + 1000 * length + needles + offset)
+
+
+def train(out: Path, *, steps: int, batch: int, max_length: int, eval_lengths: list[int], lr: float,
+          seed: int, eval_every: int, eval_count: int) -> dict:
+    torch.manual_seed(seed)
+    model = build_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 50)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    history, start = [], time.perf_counter()
+    model.train()
+    for step in range(steps):
+        length, needles = curriculum(step, steps, max_length)
+        samples = data.make_batch(batch_size(length, batch), length, needles, seed=TRAIN_SEED + step,
+                                  all_queries=True)
+        inputs, targets = data.training_tensors(samples)
+        logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            accuracy = exact_match(model, held_out(eval_count, length, needles))
+            history.append({"step": step + 1, "length": length, "needles": needles, "loss": round(loss.item(), 4),
+                            "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
+            log(f"step {step + 1}/{steps}: length {length}, {needles} needles, loss {loss.item():.4f}, "
+                f"held-out accuracy {accuracy:.3f}, {time.perf_counter() - start:.0f} s")
+    final = {length: exact_match(model, held_out(4 * eval_count, length, 8, offset=7)) for length in eval_lengths}
+    log(f"final held-out accuracy (8 needles): {final}")
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    data.build_tokenizer().save_pretrained(out)
+    report = {"model": MODEL, "steps": steps, "batch": batch, "max_length": max_length, "lr": lr, "seed": seed,
+              "train_seconds": round(time.perf_counter() - start, 1), "final_accuracy": final, "history": history,
+              "torch_threads": torch.get_num_threads()}
+    (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=1024)
+    parser.add_argument("--eval-lengths", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-count", type=int, default=32)
+    args = parser.parse_args(argv)
+    report = train(args.out, steps=args.steps, batch=args.batch, max_length=args.max_length,
+                   eval_lengths=args.eval_lengths, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
+                   eval_count=args.eval_count)
+    print(json.dumps({"final_accuracy": report["final_accuracy"], "train_seconds": report["train_seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

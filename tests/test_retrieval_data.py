@@ -82,6 +82,6 @@ def test_the_curriculum_starts_short_with_two_needles_and_ends_at_full_length():
 
     assert curriculum(0, 1000, 1024) == (64, 2)
     assert curriculum(549, 1000, 1024) == (64, 2)
-    assert curriculum(850, 1000, 1024) == (1024, 8)
+    assert curriculum(900, 1000, 1024) == (1024, 8)
     lengths = [curriculum(step, 1000, 1024)[0] for step in range(1000)]
     assert lengths == sorted(lengths)

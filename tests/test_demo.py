@@ -9,7 +9,7 @@ from support import requires_sglang
 
 from scout_sglang import demo
 from scout_sglang.env import config_from_env
-from scout_sglang.retrieval.evaluate import engine_accuracy, load_model
+from scout_sglang.retrieval.evaluate import engine_correct, load_model
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ def test_the_main_job_serves_answers_and_reports_co_attention(capsys):
     # Right and wrong exactly where the engine's reference decoder is, in the same mode and budget.
     model = load_model()
     config = config_from_env({"SCOUT_CONFIG": "tiny", "SCOUT_TOKEN_BUDGET": "128", "SCOUT_CPU_GROUPS": "1"})
-    expected = [engine_accuracy(model, [sample], config) == 1.0 for sample in demo.demo_samples([512, 1024])]
+    expected = engine_correct(model, demo.demo_samples([512, 1024]), config)
     assert [item["correct"] for item in answers[:2]] == expected
     stats = report["scout"]
     assert stats["cpu_ratio"] > 0 and stats["cpu_launched_ahead_fraction"] == 1.0

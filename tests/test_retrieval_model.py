@@ -24,15 +24,7 @@ def samples():
 
 
 def per_sample(model, samples, config):
-    from scout_sglang.hf.reference_decoder import ReferenceDecoder
-
-    decoder = ReferenceDecoder(model, config, max_requests=len(samples), max_tokens_per_request=CONTEXT + 3,
-                               track_changes=False)
-    try:
-        tokens = decoder.generate([s.prompt for s in samples], evaluate.ANSWER_TOKENS).tokens
-    finally:
-        decoder.close()
-    return [evaluate.is_correct(s, t) for s, t in zip(samples, tokens)]
+    return evaluate.engine_correct(model, samples, config, batch_size=len(samples))
 
 
 def test_full_attention_answers_held_out_sequences(model, samples):

@@ -38,22 +38,27 @@ def is_correct(sample: data.Sample, generated: list[int]) -> bool:
     return list(generated[:ANSWER_TOKENS]) == sample.answer[:ANSWER_TOKENS]
 
 
-def engine_accuracy(model, samples: list[data.Sample], config, batch_size: int = 16) -> float:
-    """Accuracy with the engine in `config`'s mode (the reference decoder), batch by batch."""
+def engine_correct(model, samples: list[data.Sample], config, batch_size: int = 16) -> list[bool]:
+    """Per sample, whether the engine in `config`'s mode (the reference decoder) answers it; batch by batch."""
     from scout_sglang.hf.reference_decoder import ReferenceDecoder
 
     longest = max(len(s.prompt) for s in samples) + ANSWER_TOKENS
     decoder = ReferenceDecoder(model, config, max_requests=batch_size, max_tokens_per_request=longest,
                                track_changes=False)
-    correct = 0
+    correct = []
     try:
         for start in range(0, len(samples), batch_size):
             chunk = samples[start:start + batch_size]
             result = decoder.generate([s.prompt for s in chunk], ANSWER_TOKENS)
-            correct += sum(is_correct(s, tokens) for s, tokens in zip(chunk, result.tokens))
+            correct += [is_correct(s, tokens) for s, tokens in zip(chunk, result.tokens)]
     finally:
         decoder.close()
-    return correct / len(samples)
+    return correct
+
+
+def engine_accuracy(model, samples: list[data.Sample], config, batch_size: int = 16) -> float:
+    """Accuracy with the engine in `config`'s mode (the reference decoder)."""
+    return sum(engine_correct(model, samples, config, batch_size)) / len(samples)
 
 
 def server_accuracy(base: str, samples: list[data.Sample], concurrency: int = 8) -> float:

@@ -24,7 +24,9 @@ DEFAULT_PRESET = "default"
 CHOICES = {"mode": MODES, "recall_policy": RECALL_POLICIES, "cpu_impl": CPU_IMPLS, "kernel_impl": KERNEL_IMPLS}
 FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ScoutConfig) if f.name != "extra"}
 # Variables of this prefix that belong to other parts of the project, not to ScoutConfig.
-OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL"})
+OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL", "SCOUT_KV_POOL",
+                             "SCOUT_HOST_KV_GIB"})
+KV_POOLS = ("scout", "stock")
 
 
 def presets_dir() -> Path:
@@ -113,6 +115,36 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> ScoutConfig:
         raise ValueError(f"{error}\n(each setting NAME comes from the preset or from SCOUT_<NAME>)") from None
 
 
+
+@dataclasses.dataclass(frozen=True)
+class PoolSettings:
+    """How the server's KV pool is built (sglang_adapter/kv_pool.py).
+
+    kv_pool : SCOUT_KV_POOL, "scout" (default: a logical capacity held in host memory, the device holds
+        only what co-attention needs) or "stock" (SGLang's own device pool, every token on the device)
+    host_kv_gib : SCOUT_HOST_KV_GIB, the host memory for K/V in GiB; sets the logical capacity instead of
+        --max-total-tokens
+    """
+
+    kv_pool: str = "scout"
+    host_kv_gib: float | None = None
+
+
+def pool_settings_from_env(environ: Mapping[str, str] | None = None) -> PoolSettings:
+    environ = os.environ if environ is None else environ
+    kv_pool = environ.get("SCOUT_KV_POOL", "scout").strip()
+    if kv_pool not in KV_POOLS:
+        raise ValueError(f"SCOUT_KV_POOL={kv_pool!r} is not accepted; accepted values: {', '.join(KV_POOLS)}")
+    text = environ.get("SCOUT_HOST_KV_GIB", "").strip()
+    host_kv_gib = None
+    if text:
+        try:
+            host_kv_gib = float(text)
+        except ValueError:
+            raise ValueError(f"SCOUT_HOST_KV_GIB={text!r} is not a number of GiB") from None
+        if not host_kv_gib > 0:
+            raise ValueError(f"SCOUT_HOST_KV_GIB={text!r} must be positive")
+    return PoolSettings(kv_pool, host_kv_gib)
 
 
 def triton_interpreter_enabled() -> bool:

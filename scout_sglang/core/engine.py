@@ -149,26 +149,79 @@ class CoAttentionEngine:
             "device_window_pages": self.offloaded.device_pages.num_used,
         }
 
+    def memory(self) -> dict:
+        """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""
+        full, off = self.full_store, self.offloaded
+        full_kv = _nbytes(full.k, full.v)
+        full_digests = _nbytes(full.digest_min, full.digest_max)
+        digests, window, host = _nbytes(off.digest_min, off.digest_max), _nbytes(off.dev_k, off.dev_v), _nbytes(off.host_k, off.host_v)
+        full_used = full.pages.num_used / max(1, full.pages.num_pages)
+        host_used = off.host_pages.num_used / max(1, off.host_pages.num_pages)
+        window_used = off.device_pages.num_used / max(1, off.device_pages.num_pages)
+        return {
+            "tokens": sum(state.num_tokens for state in self.requests.values()),
+            "device_bytes_allocated": full_kv + full_digests + digests + window,
+            "device_bytes_used": round((full_kv + full_digests) * full_used + digests * host_used + window * window_used),
+            "host_bytes_allocated": host,
+            "host_bytes_used": round(host * host_used),
+        }
+
     def prefill(self, rid: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store a prompt's K/V [N, Hkv, D] (post-RoPE) for one layer; the last layer commits N."""
+        self.extend(rid, layer, 0, k, v)
+
+    def extend(self, rid: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store tokens [start, start + N) of a request for one layer (a prefill chunk); the last layer
+        commits the new count. Blocks that become full go to the host store (with their digests), and the
+        window keeps the sink, the last full blocks and the tail."""
         state = self.requests[rid]
-        n = k.shape[0]
+        if start != state.num_tokens:
+            raise ValueError(f"request {rid}: extend at token {start}, but {state.num_tokens} tokens are stored")
+        n, end, size = k.shape[0], start + k.shape[0], self.block_size
         if layer in self.full_layers:
-            self.full_store.ensure_tokens(rid, n)
-            self.full_store.write(layer, [rid] * n, list(range(n)), k, v)
-            self.full_store.update_digest(layer, self.full_store.page_table(rid)[: n // self.block_size])
+            self.full_store.ensure_tokens(rid, end)
+            self.full_store.write(layer, [rid] * n, list(range(start, end)), k, v)
+            self.full_store.update_digest(layer, self.full_store.page_table(rid)[start // size: end // size])
         else:
-            store, num_full = self.offloaded, n // self.block_size
-            store.ensure_full_blocks(rid, num_full)
-            if num_full:
-                blocks = k[: num_full * self.block_size].view(num_full, self.block_size, *k.shape[1:]).transpose(1, 2)
-                vblocks = v[: num_full * self.block_size].view(num_full, self.block_size, *v.shape[1:]).transpose(1, 2)
-                store.store_full_blocks(layer, rid, list(range(num_full)), blocks.to(self.device), vblocks.to(self.device))
-            window = set(store.window_blocks(n))
-            keep = [p for p in range(n) if p // self.block_size in window]
-            store.write_window(layer, [rid] * len(keep), keep, k[keep].to(self.device), v[keep].to(self.device))
+            store, first, last = self.offloaded, start // size, end // size
+            store.ensure_full_blocks(rid, last)
+            if last > first:  # blocks first..last-1 become full; block `first` may begin in the window tail
+                head = start - first * size
+                k_full = k[: last * size - start].to(self.device, self.dtype)
+                v_full = v[: last * size - start].to(self.device, self.dtype)
+                if head:
+                    page = store.window_page(rid, first)
+                    k_full = torch.cat([store.dev_k[layer][page, :, :head].transpose(0, 1), k_full])
+                    v_full = torch.cat([store.dev_v[layer][page, :, :head].transpose(0, 1), v_full])
+                shape = (last - first, size, *k.shape[1:])
+                store.store_full_blocks(layer, rid, list(range(first, last)), k_full.reshape(shape).transpose(1, 2),
+                                        v_full.reshape(shape).transpose(1, 2))
+            window = set(store.window_blocks(end))
+            keep = [p - start for p in range(start, end) if p // size in window]
+            store.write_window(layer, [rid] * len(keep), [start + i for i in keep], k[keep].to(self.device),
+                               v[keep].to(self.device))
         if layer == self.shape.num_layers - 1:
-            state.num_tokens = n
+            state.num_tokens = end
+
+    def gather(self, rid: int, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [0, end) of a stored request for one layer, as K, V [end, Hkv, D] on the device
+        (full blocks from wherever they live, the unfinished block from the window)."""
+        size, heads = self.block_size, (self.shape.num_kv_heads, self.shape.head_dim)
+        if end > self.requests[rid].num_tokens:
+            raise ValueError(f"request {rid}: {end} tokens asked, {self.requests[rid].num_tokens} stored")
+        if layer in self.full_layers:
+            pages = torch.tensor(self.full_store.page_table(rid)[: ceil_div(end, size)], device=self.device)
+            k, v = self.full_store.k[layer][pages], self.full_store.v[layer][pages]
+            return (k.transpose(1, 2).reshape(-1, *heads)[:end], v.transpose(1, 2).reshape(-1, *heads)[:end])
+        store, num_full, tail = self.offloaded, end // size, end % size
+        host = torch.tensor(store.host_pages.table(rid)[:num_full], dtype=torch.long)
+        k = store.host_k[layer][host].to(self.device, non_blocking=True).transpose(1, 2).reshape(-1, *heads)
+        v = store.host_v[layer][host].to(self.device, non_blocking=True).transpose(1, 2).reshape(-1, *heads)
+        if tail:
+            page = store.window_page(rid, num_full)
+            k = torch.cat([k, store.dev_k[layer][page, :, :tail].transpose(0, 1)])
+            v = torch.cat([v, store.dev_v[layer][page, :, :tail].transpose(0, 1)])
+        return k, v
 
     # -- one decode step -----------------------------------------------------
     def begin_step(self, rids: list[int]) -> None:
@@ -501,3 +554,7 @@ class CoAttentionEngine:
                     stats.recall_bytes += moved * store.block_bytes_per_head(layer)
         self._recall_issued(layer)
         self.telemetry.add_time("recall", time.perf_counter() - start)
+
+
+def _nbytes(*stores: dict) -> int:
+    return sum(t.numel() * t.element_size() for store in stores for t in store.values())

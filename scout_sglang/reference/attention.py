@@ -128,3 +128,18 @@ def merge_states(
     ).unsqueeze(-1)
     lse = torch.where(total > 0, m_safe + torch.log(total), torch.full_like(m, float("-inf")))
     return o, lse
+
+
+def dense_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """Causal attention of the last N tokens of a sequence over the whole sequence.
+
+    q : [N, Hq, D], the queries of positions M-N .. M-1
+    k, v : [M, Hkv, D], M >= N (the first M-N tokens are an earlier prefix)
+    Returns o : [N, Hq, D] fp32.
+    """
+    num_new, num_total = q.shape[0], k.shape[0]
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for i in range(num_new):
+        visible = num_total - num_new + i + 1
+        out[i] = dense_decode(q[i], k[:visible], v[:visible], scale=scale)[0]
+    return out

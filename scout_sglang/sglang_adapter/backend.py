@@ -1,13 +1,17 @@
 """ScoutAttnBackend: SGLang's attention calls -> CoAttentionEngine calls.
 
-Extend/prefill is delegated by composition to a stock backend, which writes the
-prompt's K/V into SGLang's pool. A request's first decode copies its prompt K/V
-from the pool into the engine (host store + digests); every decode step then
-goes through the engine: the device part reads only the resident buffer,
-sink, window and tail, the rest comes from the CPU worker. Forward pre-hooks on
-each layer's qkv_proj predict the next layer's query, so its selection and CPU
-attention start one layer early (layer_ahead.py). In this version the SGLang
-pool still holds every token as well (the memory-saving pool is the next step).
+Where the prompt's K/V goes depends on the KV pool (kv_pool.py):
+  logical  this backend runs prefill itself: each chunk's K/V goes straight into
+           the engine (host store of full blocks, digests, device window), and
+           a continued chunk stages its prefix from the engine for one layer;
+  arrival  K/V arrives in a host pool (PD transfer, or a stock prefill backend)
+           and a request's first decode copies it into the engine;
+  stock    (SCOUT_KV_POOL=stock) prefill is delegated to a stock backend that
+           writes SGLang's device pool, copied into the engine at first decode.
+Every decode step goes through the engine: the device part reads only the
+resident buffer, sink, window and tail, the rest comes from the CPU worker.
+Forward pre-hooks on each layer's qkv_proj predict the next layer's query, so
+its selection and CPU attention start one layer early (layer_ahead.py).
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ import torch
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.stores import ceil_div
-from scout_sglang.env import config_from_env
+from scout_sglang.env import config_from_env, pool_settings_from_env
+from scout_sglang.kernels.prefill import chunk_prefill_attention
+from scout_sglang.sglang_adapter import memory_report
+from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_host_memory, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, prediction_problems
+from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
@@ -55,15 +63,6 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
     return reasons
 
 
-def check_host_memory(host_bytes: int, tokens: int) -> None:
-    """Refuse to start when the host store would not fit in the memory available now."""
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if host_bytes > 0.9 * available:
-        raise RuntimeError(
-            f"the scout host store for {tokens} tokens needs {host_bytes / 2**30:.1f} GiB of host memory, but only "
-            f"{available / 2**30:.1f} GiB is available: lower --max-total-tokens (or --mem-fraction-static)")
-
-
 def stock_backend(model_runner):
     """The backend that runs prefill: torch_native on CPU, triton on CUDA."""
     if model_runner.device == "cpu" or str(model_runner.device).startswith("cpu"):
@@ -88,35 +87,51 @@ class ScoutAttnBackend:
         if not _config_logged:
             logger.info("scout attention backend configuration:\n%s", self.config.describe())
             _config_logged = True
-        self.inner = stock_backend(model_runner)
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         pool = self.token_to_kv_pool
+        self.layout = getattr(pool, LAYOUT_ATTRIBUTE, "stock")
+        expected = pool_layout(model_runner.server_args, self.device, getattr(model_runner, "is_draft_worker", False),
+                               pool_settings_from_env()) or "stock"
+        if self.layout != expected:
+            raise RuntimeError(f"the scout KV pool should be {expected!r} but SGLang built {self.layout!r}: the hook on "
+                               "its KV cache configurator did not attach (is this sglang 0.5.23?)")
+        self.inner = stock_backend(model_runner) if self.layout == "stock" else None
         tp_size = getattr(model_runner, "tp_size", 1)
         self.shape = ModelShape(num_layers=model_runner.model_config.num_hidden_layers,
                                 num_qo_heads=model_runner.model_config.num_attention_heads // tp_size,
                                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
         max_requests = self.req_to_token_pool.size
-        total_pages = ceil_div(model_runner.max_total_num_tokens, self.config.block_size) + max_requests
-        check_host_memory(total_pages * self.config.block_size * pool.head_num * pool.head_dim * 2
-                          * pool.dtype.itemsize * self.shape.num_layers, model_runner.max_total_num_tokens)
+        logical_tokens = model_runner.max_total_num_tokens
+        total_pages = ceil_div(logical_tokens, self.config.block_size) + max_requests
+        if self.layout == "stock":  # the scout pool checked its host memory when it was sized
+            check_host_memory(total_pages * self.config.block_size * pool.head_num * pool.head_dim * 2
+                              * pool.dtype.itemsize * self.shape.num_layers, logical_tokens)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, total_pages=total_pages, track_changes=False)
         self.last_telemetry = None
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}
+        self._extend_plan: list[tuple[int, int, int]] = []
         self.predictor = None
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
                                             self._on_prediction)
+        context = min(model_runner.model_config.context_len, logical_tokens)
+        logger.info("%s", memory_report.startup_message(self.engine, self.layout, logical_tokens, context,
+                                                        memory_report.sglang_pool_bytes(pool, self.layout), max_requests))
+        self.metrics = ScoutMetrics.create(model_runner.server_args)
 
     # -- AttentionBackend interface -------------------------------------------
     def init_forward_metadata(self, forward_batch):
-        self.inner.init_forward_metadata(forward_batch)
+        if self.inner is not None:
+            self.inner.init_forward_metadata(forward_batch)
         decoding = forward_batch.forward_mode.is_decode() and forward_batch.batch_size > 0
         if decoding:  # before the model runs: layer 0's pre-hook already predicts layer 1
             self._begin_step(forward_batch)
+        elif self.layout == "logical" and forward_batch.forward_mode.is_extend() and forward_batch.batch_size > 0:
+            self._begin_extend(forward_batch)
         if self.predictor is not None:
             self.predictor.active = decoding
             self.predictor.positions = forward_batch.positions if decoding else None
@@ -131,17 +146,37 @@ class ScoutAttnBackend:
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+        if self.inner is not None:
+            return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+        if self.layout != "logical":
+            raise RuntimeError(f"the scout backend got a prefill batch with the {self.layout} KV pool, where another "
+                               "backend or instance runs prefill")
+        self._check_scale(layer)
+        heads, head_dim, layer_id = self.shape.num_qo_heads, self.shape.head_dim, layer.layer_id
+        q = q.reshape(-1, heads, head_dim)
+        k = k.reshape(-1, self.shape.num_kv_heads, head_dim)
+        v = v.reshape(-1, self.shape.num_kv_heads, head_dim)
+        out = torch.empty_like(q)
+        offset = 0
+        for rid, prefix, length in self._extend_plan:
+            rows = slice(offset, offset + length)
+            offset += length
+            keys, values = k[rows], v[rows]
+            if prefix:  # a continued chunk: stage its prefix from the engine for this layer
+                prefix_k, prefix_v = self.engine.gather(rid, layer_id, prefix)
+                keys = torch.cat([prefix_k.to(k.dtype), keys])
+                values = torch.cat([prefix_v.to(v.dtype), values])
+            out[rows] = chunk_prefill_attention(q[rows], keys, values, scale=layer.scaling)
+            self.engine.extend(rid, layer_id, prefix, k[rows], v[rows])
+        return out.reshape(-1, heads * head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-        if save_kv_cache and k is not None:
+        if save_kv_cache and k is not None and self.layout == "stock":  # the scout pools hold no decode rows
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         layer_id = layer.layer_id
-        if abs(layer.scaling - self.shape.softmax_scale) > 1e-6 * self.shape.softmax_scale:
-            raise RuntimeError(f"the scout backend assumes the softmax scale head_dim**-0.5 "
-                               f"({self.shape.softmax_scale}); this model uses {layer.scaling}")
+        self._check_scale(layer)
         batch_size = forward_batch.batch_size
         q = q.reshape(batch_size, self.shape.num_qo_heads, self.shape.head_dim)
         predicted = self._predicted.pop(layer_id, None)
@@ -153,10 +188,17 @@ class ScoutAttnBackend:
         if layer_id == self.shape.num_layers - 1:
             self.last_telemetry = self.engine.end_step()
             self.stats.add_step(self.last_telemetry)
+            if self.metrics is not None:
+                self.metrics.update(self.report())
         return o.reshape(batch_size, self.shape.num_qo_heads * self.shape.head_dim).to(q.dtype)
 
     def get_cuda_graph_seq_len_fill_value(self):
-        return self.inner.get_cuda_graph_seq_len_fill_value()
+        return 1
+
+    def _check_scale(self, layer) -> None:
+        if abs(layer.scaling - self.shape.softmax_scale) > 1e-6 * self.shape.softmax_scale:
+            raise RuntimeError(f"the scout backend assumes the softmax scale head_dim**-0.5 "
+                               f"({self.shape.softmax_scale}); this model uses {layer.scaling}")
 
     def support_triton(self):
         return False
@@ -168,13 +210,17 @@ class ScoutAttnBackend:
 
     # -- requests and statistics ----------------------------------------------------
     def report(self) -> dict:
-        """Co-attention statistics since start-up plus the current page usage."""
-        return self.stats.report(self.engine.usage())
+        """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
+        report = self.stats.report(self.engine.usage())
+        report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool)
+        return report
 
     def release(self, req_pool_idx: int) -> None:
         if req_pool_idx in self.engine.requests:
             self.stats.released_requests += 1
         self.engine.release_request(req_pool_idx)
+        if self.metrics is not None:
+            self.metrics.update(self.report())
 
     def _begin_step(self, forward_batch) -> None:
         self._predicted.clear()
@@ -182,6 +228,10 @@ class ScoutAttnBackend:
         seq_lens = forward_batch.seq_lens_cpu.tolist()
         for rid, seq_len in zip(rids, seq_lens):
             known = self.engine.requests.get(rid)
+            if self.layout == "logical" and (known is None or known.num_tokens != seq_len - 1):
+                raise RuntimeError(f"request slot {rid} decodes at token {seq_len - 1}, but the scout engine holds "
+                                   f"{known.num_tokens if known else 'no'} tokens of it: its K/V is nowhere else "
+                                   "with the scout KV pool")
             if known is not None and known.num_tokens != seq_len - 1:
                 logger.warning("request slot %d changed owner or was retracted (%d tokens known, %d in the batch): "
                                "rebuilding its state", rid, known.num_tokens, seq_len - 1)
@@ -191,11 +241,30 @@ class ScoutAttnBackend:
                 self._admit(rid, seq_len - 1)
         self.engine.begin_step(rids)
 
+    def _begin_extend(self, forward_batch) -> None:
+        """Admit the requests whose prefill starts; check that continued chunks continue what the engine holds."""
+        rids = forward_batch.req_pool_indices.tolist()
+        prefixes, lengths = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
+        for rid, prefix in zip(rids, prefixes):
+            known = self.engine.requests.get(rid)
+            if prefix == 0:
+                if known is not None:
+                    logger.warning("request slot %d starts a prefill while holding %d tokens: releasing them",
+                                   rid, known.num_tokens)
+                    self.engine.release_request(rid)
+                self.engine.add_request(rid)
+                self.stats.admitted_requests += 1
+            elif known is None or known.num_tokens != prefix:
+                raise RuntimeError(f"request slot {rid} continues a prefill at token {prefix}, but the scout engine "
+                                   f"holds {known.num_tokens if known else 'no'} tokens of it")
+        self._extend_plan = list(zip(rids, prefixes, lengths))
+
     def _admit(self, rid: int, num_tokens: int) -> None:
         """Copy a request's prompt (and earlier tokens) from SGLang's pool into the engine."""
         self.engine.add_request(rid)
         self.stats.admitted_requests += 1
         slots = self.req_to_token_pool.req_to_token[rid, :num_tokens].long()
+        slots = slots.to(self.token_to_kv_pool.get_key_buffer(0).device)
         for layer_id in range(self.shape.num_layers):
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]

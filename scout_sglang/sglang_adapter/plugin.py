@@ -40,6 +40,9 @@ def register() -> None:
     if version_problem() is None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+        from scout_sglang.sglang_adapter import kv_pool
+
+        HookRegistry.register(kv_pool.TARGET, kv_pool.configure_around, HookType.AROUND)
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
         HookRegistry.register(STATE_TARGET, _add_statistics, HookType.AFTER)
 

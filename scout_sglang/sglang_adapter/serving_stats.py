@@ -26,10 +26,12 @@ class ServingStats:
     cosine_count: int = 0
     admitted_requests: int = 0
     released_requests: int = 0
+    max_batch_size: int = 0  # most requests decoded together in one step
 
     def add_step(self, telemetry) -> None:
         self.decode_steps += 1
         self.decoded_tokens += telemetry.batch_size
+        self.max_batch_size = max(self.max_batch_size, telemetry.batch_size)
         for stats in telemetry.layers.values():
             for name in COUNTERS:
                 self.counters[name] += getattr(stats, name)
@@ -49,6 +51,7 @@ class ServingStats:
         return {
             "decode_steps": self.decode_steps,
             "decoded_tokens": self.decoded_tokens,
+            "max_batch_size": self.max_batch_size,
             "cpu_ratio": round(self.counters["cpu_blocks"] / budget, 4) if budget else 0.0,
             "cpu_blocks": self.counters["cpu_blocks"],
             "selected_blocks": self.counters["selected_blocks"],

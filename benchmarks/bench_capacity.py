@@ -1,0 +1,196 @@
+"""Decode capacity at one device KV budget: the scout KV pool against SGLang's stock pool.
+
+Both servers get the same device memory for K/V: the stock server (torch_native
+on the CPU, triton on a GPU) a pool of --budget token slots; the scout server a
+logical capacity of --logical-factor x budget tokens in host memory, while what
+it holds on the device (digests, windows, resident buffers, its placeholder
+pool) is checked to fit the same budget in bytes. SGLang's own
+`python -m sglang.bench_serving` (random token ids, fixed input and output
+lengths, all requests at once) measures both; the peak number of requests
+decoded together comes from the servers' decode log lines.
+
+Writes benchmarks/results/capacity.{json,md,png}:
+
+    python -P benchmarks/bench_capacity.py                 # CPU default: budget 4096, 8 x 4100-token requests
+    python -P benchmarks/bench_capacity.py --device cuda --model-path DIR --input-len 32000 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STOCK_BACKEND = {"cpu": "torch_native", "cuda": "triton"}
+
+
+def log(message: str) -> None:
+    print(f"[capacity] {message}", file=sys.stderr, flush=True)
+
+
+def server_args(kind: str, args) -> tuple[list[str], dict]:
+    common = ["--dtype", args.dtype, "--max-running-requests", str(args.num_prompts), "--disable-radix-cache",
+              "--context-length", str(args.input_len + args.output_len + 64), "--decode-log-interval", "1"]
+    if kind == "stock":
+        return ["--attention-backend", STOCK_BACKEND[args.device], "--max-total-tokens", str(args.budget), *common], {}
+    env = {"SCOUT_CONFIG": args.scout_config, "SCOUT_DENSE_LAYERS": ""}
+    logical = args.logical_factor * args.budget
+    return ["--attention-backend", "scout", "--max-total-tokens", str(logical), *common], env
+
+
+def bench_serving(base: str, model_path: str, args, output: Path) -> dict:
+    command = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", base,
+               "--model", model_path, "--tokenizer", model_path, "--dataset-name", "random-ids",
+               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+               "--random-range-ratio", "1.0", "--num-prompts", str(args.num_prompts), "--request-rate", "inf",
+               "--tokenize-prompt", "--disable-tqdm", "--seed", "1", "--output-file", str(output)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    if completed.returncode != 0:
+        raise RuntimeError(f"bench_serving failed ({completed.returncode}):\n{completed.stdout[-3000:]}\n"
+                           f"{completed.stderr[-3000:]}")
+    lines = [line for line in output.read_text().splitlines() if line.strip()]
+    return json.loads(lines[-1])
+
+
+def peak_running(log_text: str) -> int:
+    return max((int(n) for n in re.findall(r"Decode batch[^\n]*#running-req: (\d+)", log_text)), default=0)
+
+
+def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
+    from scout_sglang.server.client import get_json, scout_stats
+    from scout_sglang.server.launch import launched_server
+
+    extra, env = server_args(kind, args)
+    log_path = workdir / f"{kind}.log"
+    log(f"{kind}: starting the server ({' '.join(extra)})")
+    with launched_server(model_path, *extra, env=env, log_path=log_path, device=args.device) as base:
+        start = time.perf_counter()
+        result = bench_serving(base, model_path, args, workdir / f"{kind}.jsonl")
+        log(f"{kind}: {result['completed']} requests in {time.perf_counter() - start:.1f} s")
+        stats = scout_stats(base) if kind == "scout" else None
+        info = get_json(f"{base}/server_info")
+    text = log_path.read_text()
+    row = {
+        "server": kind,
+        "attention_backend": "scout" if kind == "scout" else STOCK_BACKEND[args.device],
+        "max_total_tokens": int(info.get("max_total_num_tokens") or 0),
+        "peak_running_requests": peak_running(text),
+        "completed": result["completed"],
+        "request_throughput": result["request_throughput"],
+        "output_throughput": result["output_throughput"],
+        "mean_e2e_latency_ms": result["mean_e2e_latency_ms"],
+        "duration_s": result["duration"],
+    }
+    if stats is not None:
+        row["device_kv_bytes_allocated"] = stats["memory"]["device_bytes_allocated"]
+        row["host_kv_bytes_allocated"] = stats["memory"]["host_bytes_allocated"]
+        row["scout_max_batch_size"] = stats["max_batch_size"]
+        row["cpu_ratio"] = stats["cpu_ratio"]
+    match = re.search(r"KV Cache is allocated\. #tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
+    if match and kind == "stock":
+        row["device_kv_bytes_allocated"] = round((float(match.group(2)) + float(match.group(3))) * 2**30)
+    return row
+
+
+def write_results(rows: list[dict], args, token_bytes: int) -> dict:
+    stock, scout = rows
+    summary = {
+        "device": args.device, "budget_tokens": args.budget, "budget_bytes": args.budget * token_bytes,
+        "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
+        "total_context": args.num_prompts * (args.input_len + args.output_len),
+        "peak_concurrency_ratio": round(scout["peak_running_requests"] / max(1, stock["peak_running_requests"]), 2),
+        "request_throughput_ratio": round(scout["request_throughput"] / stock["request_throughput"], 3),
+        "output_throughput_ratio": round(scout["output_throughput"] / stock["output_throughput"], 3),
+        "scout_device_bytes_within_budget": scout["device_kv_bytes_allocated"] <= args.budget * token_bytes,
+        "rows": rows,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "capacity.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [f"# Decode capacity at one device KV budget ({args.device})", "",
+             f"Device K/V budget: {args.budget} token slots ({args.budget * token_bytes / 2**20:.1f} MiB). "
+             f"{args.num_prompts} requests of {args.input_len} input + {args.output_len} output tokens "
+             f"({summary['total_context']} tokens of context, {summary['total_context'] / args.budget:.1f}x the "
+             "budget), sent at once by `python -m sglang.bench_serving` (random-ids).", "",
+             "| server | logical tokens | device K/V MiB | peak running | req/s | output tok/s | mean e2e s |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['attention_backend']} | {row['max_total_tokens']} | "
+                     f"{row.get('device_kv_bytes_allocated', 0) / 2**20:.2f} | {row['peak_running_requests']} | "
+                     f"{row['request_throughput']:.3f} | {row['output_throughput']:.1f} | "
+                     f"{row['mean_e2e_latency_ms'] / 1e3:.1f} |")
+    lines += ["", f"Scout / stock: peak concurrency {summary['peak_concurrency_ratio']}x, request throughput "
+              f"{summary['request_throughput_ratio']}x, output tokens/s {summary['output_throughput_ratio']}x. "
+              f"Scout's device K/V within the budget: {summary['scout_device_bytes_within_budget']}."]
+    (RESULTS / "capacity.md").write_text("\n".join(lines) + "\n")
+    plot(rows, args)
+    return summary
+
+
+def plot(rows, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [row["attention_backend"] for row in rows]
+    metrics = [("peak_running_requests", "peak requests decoded together"), ("request_throughput", "requests / s"),
+               ("output_throughput", "output tokens / s")]
+    figure, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    for axis, (key, title) in zip(axes, metrics):
+        values = [row[key] for row in rows]
+        axis.bar(names, values, color=["#999999", "#2a7ab9"])
+        axis.set_title(title, fontsize=10)
+        for x, value in enumerate(values):
+            axis.text(x, value, f"{value:.3g}", ha="center", va="bottom", fontsize=9)
+    figure.suptitle(f"Same device K/V budget ({args.budget} token slots), {args.num_prompts} x {args.input_len}-token "
+                    f"requests ({args.device})", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(RESULTS / "capacity.png", dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", help="a model directory (default: a random-weight tiny Llama built here)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--budget", type=int, default=4096, help="device K/V token slots of the stock server")
+    parser.add_argument("--logical-factor", type=int, default=9, help="scout's logical capacity / budget")
+    parser.add_argument("--input-len", type=int, default=4100)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--scout-config", default="tiny")
+    parser.add_argument("--timeout", type=int, default=1800)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        model_path = args.model_path
+        if model_path is None:
+            from scout_sglang.hf.tiny_models import save_tiny_model
+
+            model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=4, hidden=64, num_heads=4,
+                                             num_kv_heads=2, head_dim=16, max_positions=16384))
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        itemsize = 4 if args.dtype == "float32" else 2
+        token_bytes = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * itemsize
+        rows = [run_server(kind, model_path, args, workdir) for kind in ("stock", "scout")]
+        for row in rows:
+            log(json.dumps(row))
+        summary = write_results(rows, args, token_bytes)
+        (RESULTS / "server-logs").mkdir(parents=True, exist_ok=True)
+        for kind in ("stock", "scout"):
+            (RESULTS / "server-logs" / f"capacity-{kind}.log").write_text((workdir / f"{kind}.log").read_text())
+    print(json.dumps({key: value for key, value in summary.items() if key != "rows"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The scout KV pool: SGLang's scheduler sees a logical token capacity held in host memory.
+
+SGLang learns its KV capacity only from the configure step of its KV cache
+configurator (DESIGN.md section 3). An AROUND hook on it (installed by
+plugin.py) lets SGLang build its pools for a placeholder capacity, then hands
+the scheduler an allocator over the logical capacity L: admission, waiting,
+retraction and the "input too long" rejection all follow L, while the device
+holds only what co-attention needs (the engine's digests, windows and
+resident buffers, allocated by the backend).
+
+Layouts, chosen from the server's arguments:
+  logical  scout runs prefill and decode: nothing stands behind a logical id;
+           each token's K/V lives in the engine (host store of full blocks,
+           device window). SGLang's own pool is a placeholder of 2 tokens per
+           request slot that nothing reads or writes.
+  arrival  scout only decodes (the decode instance of a PD deployment, or a
+           stock prefill backend on a CPU server): SGLang's pool is a host
+           memory pool of L tokens, where transfers land and prefill writes;
+           a request's K/V moves into the engine at its first decode.
+SCOUT_KV_POOL=stock keeps SGLang's own device pool (every token on the device).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from scout_sglang.env import PoolSettings, pool_settings_from_env
+
+logger = logging.getLogger("scout_sglang.sglang_adapter")
+TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
+DEFAULT_MAX_REQUESTS = 64  # request slots when --max-running-requests is not given
+LAYOUT_ATTRIBUTE = "scout_layout"  # set on the pool SGLang keeps: "logical" or "arrival"
+
+
+def selected_backends(server_args) -> tuple[str, str]:
+    """(prefill backend, decode backend) names of a server."""
+    default = server_args.attention_backend
+    return (server_args.prefill_attention_backend or default, server_args.decode_attention_backend or default)
+
+
+def pool_layout(server_args, device: str, is_draft_worker: bool, settings: PoolSettings) -> str | None:
+    """Which scout pool this model runner gets (None: SGLang's own)."""
+    prefill, decode = selected_backends(server_args)
+    if is_draft_worker or decode != "scout" or settings.kv_pool == "stock":
+        return None
+    if getattr(server_args, "disaggregation_mode", "null") == "decode":
+        return "arrival"
+    if prefill == "scout":
+        return "logical"
+    if not str(device).startswith("cpu"):
+        raise RuntimeError(
+            f"the scout KV pool holds the prompt in host memory, which the {prefill} prefill backend cannot write on "
+            f"{device}: use --attention-backend scout (scout runs prefill itself), deploy scout as the decode "
+            "instance of a PD deployment, or set SCOUT_KV_POOL=stock to keep SGLang's device pool")
+    return "arrival"
+
+
+def pool_problems(server_args) -> list[str]:
+    """Server arguments the scout pool cannot serve (empty: fine)."""
+    problems = []
+    if not server_args.disable_radix_cache:
+        problems.append("the radix cache (a later request would reuse K/V the engine freed with its first owner): "
+                        "add --disable-radix-cache")
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        problems.append("--enable-hierarchical-cache (the scout pool already keeps K/V in host memory): remove it")
+    if getattr(server_args, "dcp_size", 1) not in (None, 1) or getattr(server_args, "attn_cp_size", 1) not in (None, 1):
+        problems.append("decode context parallelism: run without it")
+    return problems
+
+
+def host_bytes_per_token(pool) -> int:
+    """Host bytes of one token's K and V over all layers, as the engine stores them."""
+    return pool.layer_num * pool.head_num * (pool.head_dim + pool.v_head_dim) * pool.dtype.itemsize
+
+
+def logical_capacity(max_total_tokens: int | None, settings: PoolSettings, token_bytes: int, page_size: int) -> int:
+    """Logical tokens from SCOUT_HOST_KV_GIB, else from --max-total-tokens; a multiple of the page size."""
+    if settings.host_kv_gib is not None:
+        tokens = int(settings.host_kv_gib * 2**30 // token_bytes)
+    elif max_total_tokens:
+        tokens = int(max_total_tokens)
+    else:
+        raise RuntimeError("the scout KV pool needs its logical capacity: pass --max-total-tokens N (tokens held in "
+                           "host memory) or set SCOUT_HOST_KV_GIB (host memory for K/V, in GiB)")
+    tokens = tokens // page_size * page_size
+    if tokens < page_size:
+        raise RuntimeError(f"the scout KV pool's capacity ({tokens} tokens) is below one page ({page_size} tokens)")
+    return tokens
+
+
+def check_host_memory(host_bytes: int, tokens: int) -> None:
+    """Refuse to start when the host store would not fit in the memory available now."""
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if host_bytes > 0.9 * available:
+        raise RuntimeError(
+            f"the scout host store for {tokens} tokens needs {host_bytes / 2**30:.1f} GiB of host memory, but only "
+            f"{available / 2**30:.1f} GiB is available: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)")
+
+
+def configure_around(original, configurator, *args, **kwargs):
+    """AROUND hook of KVCacheConfigurator.configure."""
+    settings = pool_settings_from_env()
+    server_args = configurator.server_args
+    layout = pool_layout(server_args, configurator.device, configurator.is_draft_worker, settings)
+    if layout is None:
+        return original(configurator, *args, **kwargs)
+    problems = pool_problems(server_args)
+    if problems:
+        raise RuntimeError("the scout KV pool cannot serve this server:\n  - " + "\n  - ".join(problems))
+    import msgspec
+    from sglang.srt.runtime_context import get_schedule
+
+    schedule = get_schedule()
+    page_size = configurator.page_size
+    requests = schedule.max_running_requests or DEFAULT_MAX_REQUESTS
+    placeholder = -(-2 * requests // page_size) * page_size
+    with schedule.override(max_total_tokens=placeholder, max_running_requests=requests):
+        result = original(configurator, *args, **kwargs)
+    pool = result.token_to_kv_pool
+    token_bytes = host_bytes_per_token(pool)
+    logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size)
+    copies = 2 if layout == "arrival" else 1  # the arrival pool and the engine's paged store
+    check_host_memory(copies * logical * token_bytes, logical)
+    if layout == "arrival":
+        pool = host_pool_like(pool, logical)
+    setattr(pool, LAYOUT_ATTRIBUTE, layout)
+    allocator = allocator_over(logical, page_size, configurator.kv_cache_dtype, configurator.device, pool,
+                               getattr(result.token_to_kv_pool_allocator, "need_sort", False))
+    logger.info("scout KV pool (%s): logical capacity %d tokens (%.2f GiB of K/V in host memory), %d request "
+                "slots; SGLang's device pool: %s", layout, logical, logical * token_bytes / 2**30,
+                result.max_running_requests,
+                "none (a host pool receives the K/V)" if layout == "arrival" else f"{placeholder}-token placeholder")
+    return msgspec.structs.replace(result, max_total_num_tokens=logical, token_to_kv_pool=pool,
+                                   token_to_kv_pool_allocator=allocator)
+
+
+def host_pool_like(pool, size: int):
+    """An MHA pool of `size` tokens in host memory, shaped like `pool` (transfer engines register its buffers)."""
+    return type(pool)(size=size, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.head_num,
+                      head_dim=pool.head_dim, layer_num=pool.layer_num, device="cpu", enable_memory_saver=False,
+                      v_head_dim=pool.v_head_dim, start_layer=pool.start_layer, end_layer=pool.end_layer,
+                      enable_alt_stream=False)
+
+
+def allocator_over(size: int, page_size: int, dtype, device, pool, need_sort: bool):
+    """SGLang's stock allocator over the logical ids 1..size."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+    if page_size == 1:
+        return TokenToKVPoolAllocator(size, dtype=dtype, device=device, kvcache=pool, need_sort=need_sort)
+    return PagedTokenToKVPoolAllocator(size, page_size=page_size, dtype=dtype, device=device, kvcache=pool,
+                                       need_sort=need_sort)

@@ -1,0 +1,91 @@
+"""The scout KV pool through the real SGLang server: a decode batch whose
+context is 8x the device KV budget a stock server would get, all outputs equal
+to the reference decoder; a full host store makes requests wait, not fail; a
+request that can never fit is refused with a clear error; the usage and the
+co-attention statistics appear on the Prometheus endpoint."""
+
+import concurrent.futures
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from sparse_reference import random_prompts, reference_outputs
+from support import requires_sglang
+
+from scout_sglang.hf.tiny_models import save_tiny_model
+from scout_sglang.server.client import generate, scout_stats
+from scout_sglang.server.launch import launched_server
+
+pytestmark = [requires_sglang, pytest.mark.slow]
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1", "SCOUT_DENSE_LAYERS": ""}
+VOCAB = 263
+DEVICE_BUDGET = 4096  # token slots a stock server's device pool would get
+TOKEN_BYTES = 4 * 2 * 2 * 16 * 4  # layers x (K, V) x KV heads x head dim x fp32
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama", num_layers=4, hidden=64, num_heads=4,
+                           num_kv_heads=2, head_dim=16, max_positions=8192)
+
+
+def post_error(base, payload) -> tuple[int, str]:
+    import json
+
+    request = urllib.request.Request(f"{base}/generate", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_a_batch_with_8x_the_device_budget_in_context_decodes_together_and_exactly(llama_dir, tmp_path):
+    prompts = random_prompts([4100] * 8, vocab=VOCAB, seed=11)
+    new_tokens = 16
+    total_context = sum(map(len, prompts)) + new_tokens * len(prompts)
+    assert total_context >= 8 * DEVICE_BUDGET
+    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(34 * 1024),
+            "--max-running-requests", "8", "--disable-radix-cache", "--context-length", "8192")
+    log = tmp_path / "capacity.log"
+    with launched_server(llama_dir, *args, env=SCOUT_ENV, log_path=log) as base:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            served = list(pool.map(lambda prompt: generate(base, prompt, new_tokens)["output_ids"], prompts))
+        stats = scout_stats(base)
+    assert stats["max_batch_size"] == 8  # every request decoded in the same steps
+    memory = stats["memory"]
+    assert memory["layout"] == "logical"
+    # Everything the device holds for K/V, allocated for all 8 slots and 34k tokens, fits the stock budget.
+    assert memory["device_bytes_allocated"] <= DEVICE_BUDGET * TOKEN_BYTES
+    assert "scout memory (logical KV pool)" in log.read_text()
+    expected, _, _ = reference_outputs(llama_dir, SCOUT_ENV, prompts, new_tokens)
+    assert served == expected
+
+
+def test_requests_wait_for_a_full_host_store_and_a_request_that_never_fits_is_refused(llama_dir, tmp_path):
+    prompts = random_prompts([900, 950, 1000, 1050], vocab=VOCAB, seed=12)
+    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "2048",
+            "--max-running-requests", "8", "--disable-radix-cache", "--enable-metrics")
+    log = tmp_path / "host-full.log"
+    with launched_server(llama_dir, *args, env=SCOUT_ENV, log_path=log) as base:
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            outputs = list(pool.map(lambda prompt: generate(base, prompt, 40), prompts))
+        status, body = post_error(base, {"input_ids": random_prompts([3000], vocab=VOCAB)[0],
+                                         "sampling_params": {"max_new_tokens": 4}})
+        stats = scout_stats(base)
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+    assert [o["meta_info"]["completion_tokens"] for o in outputs] == [40] * 4
+    assert stats["max_batch_size"] <= 2  # the 2048-token host store holds two of them at a time
+    queued = [int(n) for n in re.findall(r"#queue-req: (\d+)", log.read_text())]
+    assert max(queued) >= 1  # the others waited in SGLang's queue
+    assert status == 400 and "Input length (3000 tokens) exceeds the maximum allowed length" in body
+    expected, _, _ = reference_outputs(llama_dir, SCOUT_ENV, prompts, 40)
+    assert [o["output_ids"] for o in outputs] == expected
+    for name in ("scout_device_kv_bytes", "scout_host_kv_bytes", "scout_tokens", "scout_cpu_ratio",
+                 "scout_decode_steps"):
+        assert re.search(rf"^{name}(\{{.*\}})? ", metrics, re.M), name
+    steps = float(re.search(r"^scout_decode_steps(?:\{.*\})? (\S+)", metrics, re.M).group(1))
+    assert steps == stats["decode_steps"] > 0

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test bench-quick bench demo harness-setup train-retrieval clean
+.PHONY: setup test bench-quick bench bench-capacity demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py
 	$(PY) -P benchmarks/bench_kernels.py
+
+# The scout KV pool against SGLang's stock pool at one device KV budget, measured
+# with SGLang's own bench_serving (which needs the datasets package).
+bench-capacity: $(STAMP)
+	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
+	$(PY) -P benchmarks/bench_capacity.py
 
 # The main job: an SGLang server with --attention-backend scout on a small model
 # built in place, asked through the OpenAI API; prints the answers and the

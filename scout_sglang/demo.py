@@ -110,6 +110,11 @@ def main(argv=None) -> int:
           f"({stats['recall_mib']} MiB), CPU wait {stats['cpu_wait_ms']:.1f} ms over {stats['decode_steps']} decode "
           f"steps, CPU part launched one layer ahead {stats['cpu_launched_ahead_fraction']:.0%} of the time, "
           f"predicted-query cosine {stats['predicted_query_cosine']}")
+    memory = stats["memory"]
+    print(f"KV memory (scout {memory['layout']} pool, 16384 logical tokens): {memory['device_bytes_allocated'] / 2**20:.2f} "
+          f"MiB on the {device} (digests, windows, resident buffers), {memory['host_bytes_allocated'] / 2**20:.2f} MiB "
+          f"of K/V in host memory; full attention would keep {16384 * memory['token_bytes'] / 2**20:.2f} MiB "
+          "on the device")
     print(json.dumps({"device": device, "requests_seconds": round(elapsed, 2), "answers": answers, "scout": stats}))
     return 0
 

@@ -37,6 +37,7 @@ def test_split_backends_decode_through_scout_and_match_the_reference_decoder(qwe
     assert served == expected
     assert stats["cpu_blocks"] > 0 and stats["cpu_launched_ahead_fraction"] == 1.0
     assert stats["usage"]["requests"] == 0
+    assert stats["memory"]["layout"] == "arrival"  # torch_native prefill writes a host pool; decode moves it over
 
 
 def test_a_pd_decode_instance_admits_transferred_requests_and_decodes(qwen3_dir, tmp_path):
@@ -55,6 +56,10 @@ def test_a_pd_decode_instance_admits_transferred_requests_and_decodes(qwen3_dir,
     assert after["decode_steps"] - before["decode_steps"] == 3 * 12
     assert after["selected_blocks"] > before["selected_blocks"]  # the digests were used to select blocks
     assert after["usage"] == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}
+    memory = after["memory"]
+    assert memory["layout"] == "arrival" and memory["device_bytes_used"] == 0 and memory["tokens"] == 0
+    # the transfer target is a host pool of the logical capacity: nothing of it on the device
+    assert memory["host_bytes_allocated"] >= 8192 * memory["token_bytes"]
 
 
 def test_retracted_requests_are_freed_rebuilt_and_still_decode_exactly(qwen3_dir, tmp_path):

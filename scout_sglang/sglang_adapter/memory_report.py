@@ -71,4 +71,5 @@ def usage(engine, layout: str, pool) -> dict:
         "host_bytes_used": memory["host_bytes_used"],
         "host_bytes_allocated": memory["host_bytes_allocated"] + sglang["host"],
         "full_attention_bytes": tokens * token_bytes_per_layer(engine) * engine.shape.num_layers,
+        "token_bytes": token_bytes_per_layer(engine) * engine.shape.num_layers,  # K and V of a token, all layers
     }

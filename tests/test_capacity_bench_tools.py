@@ -1,0 +1,40 @@
+"""The capacity benchmark's parsing and server arguments, on made-up logs (the
+real run is benchmarks/bench_capacity.py with two servers)."""
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_capacity", ROOT / "benchmarks/bench_capacity.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+LOG = """[t] Prefill batch, #new-seq: 1, #new-token: 4000, #running-req: 0, #queue-req: 8
+[t] Decode batch, #running-req: 3, #token: 12000, token usage: 0.3, #queue-req: 6
+[t] Decode batch, #running-req: 9, #token: 36000, token usage: 0.9, #queue-req: 0
+[t] Prefill batch, #new-seq: 1, #new-token: 4000, #running-req: 12, #queue-req: 0
+"""
+
+
+def test_peak_running_counts_decode_batches_only():
+    assert bench.peak_running(LOG) == 9
+    assert bench.peak_running("no batches") == 0
+
+
+def test_token_capacity_reads_the_scheduler_state():
+    info = {"internal_states": [{"memory_usage": {"token_capacity": 36864}}]}
+    assert bench.token_capacity(info) == 36864
+    assert bench.token_capacity({"memory_usage": {"token_capacity": 4096}}) == 4096
+    assert bench.token_capacity({}) == 0
+
+
+def test_both_servers_get_the_same_limits_and_only_scout_a_logical_capacity():
+    args = SimpleNamespace(dtype="float32", num_prompts=9, input_len=4000, output_len=32, device="cpu", budget=4096,
+                           logical_tokens=36864, scout_config="tiny")
+    stock, stock_env = bench.server_args("stock", args)
+    scout, scout_env = bench.server_args("scout", args)
+    assert stock[:4] == ["--attention-backend", "torch_native", "--max-total-tokens", "4096"] and stock_env == {}
+    assert scout[:4] == ["--attention-backend", "scout", "--max-total-tokens", "36864"]
+    assert stock[4:] == scout[4:]  # same dtype, request slots, radix cache off, context length
+    assert scout_env["SCOUT_DENSE_LAYERS"] == ""  # no layer keeps every token on the device

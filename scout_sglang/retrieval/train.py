@@ -84,9 +84,10 @@ def held_out(count: int, length: int, needles: int, offset: int = 0) -> list[dat
 
 
 def train(out: Path, *, steps: int, batch: int, max_length: int, eval_lengths: list[int], lr: float,
-          seed: int, eval_every: int, eval_count: int) -> dict:
+          seed: int, eval_every: int, eval_count: int, num_layers: int = MODEL["num_layers"]) -> dict:
     torch.manual_seed(seed)
-    model = build_model(seed)
+    shape = {**MODEL, "num_layers": num_layers}
+    model = build_model(seed, **shape)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 50)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -117,7 +118,7 @@ def train(out: Path, *, steps: int, batch: int, max_length: int, eval_lengths: l
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     data.build_tokenizer().save_pretrained(out)
-    report = {"model": MODEL, "steps": steps, "batch": batch, "max_length": max_length, "lr": lr, "seed": seed,
+    report = {"model": shape, "steps": steps, "batch": batch, "max_length": max_length, "lr": lr, "seed": seed,
               "train_seconds": round(time.perf_counter() - start, 1), "final_accuracy": final, "history": history,
               "torch_threads": torch.get_num_threads()}
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -133,12 +134,13 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-lengths", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-layers", type=int, default=MODEL["num_layers"])
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-count", type=int, default=32)
     args = parser.parse_args(argv)
     report = train(args.out, steps=args.steps, batch=args.batch, max_length=args.max_length,
                    eval_lengths=args.eval_lengths, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
-                   eval_count=args.eval_count)
+                   eval_count=args.eval_count, num_layers=args.num_layers)
     print(json.dumps({"final_accuracy": report["final_accuracy"], "train_seconds": report["train_seconds"]}))
     return 0
 

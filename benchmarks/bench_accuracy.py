@@ -11,9 +11,9 @@ cost of predicted queries on the CPU part).
     python -P benchmarks/bench_accuracy.py            # full run (several minutes)
     python -P benchmarks/bench_accuracy.py --quick    # ~2 minutes, one budget and context, JSON line last
 
-The bundled model reaches 95% with full attention up to 1024 tokens (66% at
-2048; see its training_report.json), so the default contexts stop at 1024 and
-the budgets scale with them (one eighth of 1024 is 128).
+The bundled model reaches 95% with full attention at 2048 tokens (see its
+training_report.json), so the default contexts are 1024 and 2048 and the
+budgets cover one eighth of each (128 and 256).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def engine_config(mode: str, budget: int):
 
 
 def run_engine(model, contexts, budgets, samples_per_context) -> list[dict]:
-    from scout_sglang.retrieval.evaluate import engine_accuracy, held_out
+    from scout_sglang.retrieval.evaluate import engine_run, held_out
 
     rows = []
     for context in contexts:
@@ -58,9 +58,12 @@ def run_engine(model, contexts, budgets, samples_per_context) -> list[dict]:
                     rows.append(dict(full, budget=budget))
                     continue
                 start = time.perf_counter()
-                accuracy = engine_accuracy(model, samples, engine_config(mode, budget))
+                correct, cosines = engine_run(model, samples, engine_config(mode, budget))
+                accuracy = sum(correct) / len(correct)
                 rows.append({"path": "engine", "mode": mode, "context": context, "budget": budget,
                              "accuracy": accuracy, "samples": len(samples)})
+                if cosines:
+                    rows[-1]["query_cosine"] = {str(layer): round(value, 4) for layer, value in cosines.items()}
                 full = rows[-1] if mode == "full" else full
                 log(f"engine  context {context:5d}  budget {budget:5d}  {mode:9s} {accuracy:6.1%} "
                     f"({time.perf_counter() - start:.1f} s)")
@@ -112,7 +115,22 @@ def markdown(rows, drops, meta) -> str:
               "| path | context | budget | vs full | vs quest |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {d['path']} | {d['context']} | {d['budget']} | {d['drop_vs_full_points']:.1f} | "
               f"{d['drop_vs_quest_points']:.1f} |" for d in drops]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + cosine_lines(rows)) + "\n"
+
+
+def cosine_lines(rows) -> list[str]:
+    """Scout's predicted-vs-real query cosine per layer (mean over decode steps), one row per engine cell."""
+    scout = [r for r in rows if r["path"] == "engine" and r["mode"] == "scout" and r.get("query_cosine")]
+    if not scout:
+        return []
+    layers = sorted({layer for r in scout for layer in r["query_cosine"]}, key=int)
+    lines = ["", "Layer-ahead predicted query vs the real one (cosine, Scout, mean over decode steps):", "",
+             "| context | budget | " + " | ".join(f"layer {layer}" for layer in layers) + " |",
+             "|---:|---:|" + "---:|" * len(layers)]
+    for r in scout:
+        lines.append(f"| {r['context']} | {r['budget']} | "
+                     + " | ".join(f"{r['query_cosine'].get(layer, float('nan')):.3f}" for layer in layers) + " |")
+    return lines
 
 
 def plot(rows, path: Path) -> None:
@@ -145,7 +163,7 @@ def plot(rows, path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one context and budget, engine only, JSON line last")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--budgets", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--samples", type=int, default=128, help="held-out sequences per context")
     parser.add_argument("--no-server", action="store_true", help="skip the SGLang server path")
@@ -159,7 +177,7 @@ def main(argv=None) -> int:
 
     model_dir = args.model or bundled_model_dir()
     if args.quick:
-        args.contexts, args.budgets, args.samples, args.no_server = [1024], [128], 128, True
+        args.contexts, args.budgets, args.samples, args.no_server = [2048], [256], 128, True
     model = load_model(model_dir)
     log(f"model {model_dir}; contexts {args.contexts}, budgets {args.budgets}, {args.samples} sequences each")
     rows = run_engine(model, args.contexts, args.budgets, args.samples)

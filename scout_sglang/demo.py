@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CONTEXTS = (512, 768, 1024, 1024)  # prompt tokens of the concurrent requests (the model is trained to 1024)
+CONTEXTS = (1024, 1536, 2048, 2048)  # prompt tokens of the concurrent requests (the model is trained to 2048)
 
 
 def log(message: str) -> None:
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="prompt tokens per request")
     parser.add_argument("--max-tokens", type=int, default=5)
     parser.add_argument("--config", default="tiny", help="SCOUT_CONFIG preset or YAML path")
-    parser.add_argument("--budget", type=int, default=128, help="SCOUT_TOKEN_BUDGET (tokens per request, layer, head)")
+    parser.add_argument("--budget", type=int, default=256, help="SCOUT_TOKEN_BUDGET (tokens per request, layer, head)")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the bundled one)")
     parser.add_argument("--log", type=Path, default=None, help="server log file (default: a temporary file)")
     args = parser.parse_args(argv)
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     samples = demo_samples(args.contexts)
     with tempfile.TemporaryDirectory(prefix="scout-demo-") as work:
         log_path = args.log or Path(work) / "server.log"
-        log(f"model: {model_dir.name} (a 2-layer Llama trained on needle retrieval; scout_sglang.retrieval)")
+        log(f"model: {model_dir.name} (a 3-layer Llama trained on needle retrieval; scout_sglang.retrieval)")
         log(f"starting the SGLang server with --attention-backend scout on {device} (SCOUT_CONFIG={args.config}, "
             f"budget {args.budget} tokens; the first start also builds the native CPU kernel, about a minute); "
             f"log: {log_path}")

@@ -41,6 +41,16 @@ def test_scouts_drop_is_measured_against_full_and_quest_of_the_same_cell():
     assert "| engine | 2048 | 256 | 15.0 | 5.0 |" in text
 
 
+def test_scouts_predicted_query_cosine_is_tabled_per_layer_for_engine_cells_only():
+    rows = rows_for({"full": 1.0, "quest": 1.0, "scout": 0.9})
+    rows[-1]["query_cosine"] = {"1": 0.3214, "2": 0.9987}
+    rows += rows_for({"full": 1.0, "quest": 1.0, "scout": 0.9}, path="server")
+    text = bench.markdown(rows, bench.scout_drops(rows), {"model": "m", "samples": 10, "device": "cpu"})
+    assert "| context | budget | layer 1 | layer 2 |" in text
+    assert "| 2048 | 256 | 0.321 | 0.999 |" in text
+    assert bench.cosine_lines(rows_for({"full": 1.0, "scout": 0.9})) == []  # nothing measured: no table
+
+
 def test_the_harness_runs_lm_eval_against_the_servers_completions_endpoint(tmp_path):
     args = SimpleNamespace(served_name="model", tokenizer=None, model=Path("/m"), concurrency=4, max_length=4096,
                            tasks=["niah_single_1"], lengths=[4096], limit=5)

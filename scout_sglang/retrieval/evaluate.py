@@ -40,20 +40,28 @@ def is_correct(sample: data.Sample, generated: list[int]) -> bool:
 
 def engine_correct(model, samples: list[data.Sample], config, batch_size: int = 16) -> list[bool]:
     """Per sample, whether the engine in `config`'s mode (the reference decoder) answers it; batch by batch."""
+    return engine_run(model, samples, config, batch_size)[0]
+
+
+def engine_run(model, samples: list[data.Sample], config, batch_size: int = 16) -> tuple[list[bool], dict[int, float]]:
+    """Per-sample correctness and, per layer served with a predicted query, the mean cosine between the
+    predicted and the real query over all decode steps (empty when the mode predicts nothing)."""
     from scout_sglang.hf.reference_decoder import ReferenceDecoder
 
     longest = max(len(s.prompt) for s in samples) + ANSWER_TOKENS
     decoder = ReferenceDecoder(model, config, max_requests=batch_size, max_tokens_per_request=longest,
                                track_changes=False)
-    correct = []
+    correct, cosines = [], {}
     try:
         for start in range(0, len(samples), batch_size):
             chunk = samples[start:start + batch_size]
             result = decoder.generate([s.prompt for s in chunk], ANSWER_TOKENS)
             correct += [is_correct(s, tokens) for s, tokens in zip(chunk, result.tokens)]
+            for layer, values in result.query_cosine.items():
+                cosines.setdefault(layer, []).extend(values)
     finally:
         decoder.close()
-    return correct
+    return correct, {layer: sum(values) / len(values) for layer, values in sorted(cosines.items())}
 
 
 def engine_accuracy(model, samples: list[data.Sample], config, batch_size: int = 16) -> float:

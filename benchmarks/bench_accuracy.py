@@ -9,7 +9,7 @@ reports Scout's drop against Full and against Quest (the gap to Quest is the
 cost of predicted queries on the CPU part).
 
     python -P benchmarks/bench_accuracy.py            # full run (several minutes)
-    python -P benchmarks/bench_accuracy.py --quick    # ~2 minutes, one budget and context, JSON line last
+    python -P benchmarks/bench_accuracy.py --quick    # < 1 minute, one budget and context, JSON line last
 
 The bundled model reaches 95% with full attention at 2048 tokens (see its
 training_report.json), so the default contexts are 1024 and 2048 and the

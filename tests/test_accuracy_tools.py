@@ -66,3 +66,10 @@ def test_the_harness_runs_lm_eval_against_the_servers_completions_endpoint(tmp_p
         harness.scores(tmp_path / "empty")
     text = harness.table({"stock": {"t": {"m": 0.5}}, "scout": {"t": {"m": 0.25}}})
     assert "| t | m | 0.5 | 0.25 |" in text
+
+
+def test_the_harness_keeps_this_machines_paths_out_of_the_results_it_writes(tmp_path):
+    results = tmp_path / "results_1.json"
+    results.write_text(json.dumps({"config_source": f"{harness.REPO}/.venv-harness/lm_eval/tasks/x.yaml"}))
+    harness.strip_machine_paths(results)
+    assert json.loads(results.read_text()) == {"config_source": "<repo>/.venv-harness/lm_eval/tasks/x.yaml"}

@@ -74,7 +74,16 @@ def run_backend(name: str, server_args: list[str], env: dict, args) -> dict:
         log(f"{name}: {' '.join(command)}")
         subprocess.run(command, check=True, env=dict(os.environ, HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
         log(f"{name}: lm-eval finished in {time.perf_counter() - start:.0f} s")
+    for results_file in output.rglob("results_*.json"):
+        strip_machine_paths(results_file)
     return scores(output)
+
+
+def strip_machine_paths(path: Path) -> None:
+    """lm-eval records absolute paths (task configs, the harness environment); keep results free of this
+    machine's layout by writing them relative to the repository ("<repo>/...")."""
+    text = path.read_text()
+    path.write_text(text.replace(str(REPO), "<repo>"))
 
 
 def table(results: dict) -> str:

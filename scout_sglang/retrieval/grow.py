@@ -12,9 +12,6 @@ other.
 
 from __future__ import annotations
 
-import math
-import time
-
 import torch
 
 from scout_sglang.retrieval import data
@@ -59,32 +56,14 @@ def ramp(step: int, steps: int, start_length: int, max_length: int) -> int:
 
 
 def train_grown(model, *, steps: int, max_length: int, lr: float, seed_base: int, eval_every: int, eval_count: int,
-                held_out, exact_match, log, start_length: int = 256, needles: int = 8) -> list[dict]:
+                start_length: int = 256, needles: int = 8) -> list[dict]:
     """Train the grown model on 8-needle sequences, lengths ramping to max_length; returns the history."""
-    from scout_sglang.retrieval.train import batch_size
+    from scout_sglang.retrieval.train import batch_size, run_steps
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
-    history, start = [], time.perf_counter()
-    model.train()
-    for step in range(steps):
+    def batch_for(step):
         length = ramp(step, steps, min(start_length, max_length), max_length)
         samples = data.make_batch(batch_size(length, 16), length, needles, seed=seed_base + step, all_queries=True)
-        inputs, targets = data.training_tensors(samples)
-        loss = torch.nn.functional.cross_entropy(model(input_ids=inputs).logits.flatten(0, 1), targets.flatten(),
-                                                 ignore_index=-100)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            accuracy = exact_match(model, held_out(eval_count, length, needles))
-            history.append({"step": step + 1, "length": length, "needles": needles, "loss": round(loss.item(), 4),
-                            "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
-            log(f"grow step {step + 1}/{steps}: length {length}, loss {loss.item():.4f}, "
-                f"held-out accuracy {accuracy:.3f}, {time.perf_counter() - start:.0f} s")
-    model.eval()
-    return history
+        return length, needles, samples
+
+    return run_steps(model, batch_for, steps=steps, lr=lr, warmup=max(1, steps // 20), eval_every=eval_every,
+                     eval_count=eval_count, label="grow step")

@@ -107,8 +107,7 @@ def train(out: Path, *, steps: int, batch: int, max_length: int, eval_lengths: l
         model = grow.grow(model, list(insert_layers), seed=seed)
         log(f"grown to {model.config.num_hidden_layers} layers (new at {list(insert_layers)})")
         grow_history = grow.train_grown(model, steps=grow_steps, max_length=grow_max_length, lr=grow_lr,
-                                        seed_base=TRAIN_SEED + 100_000, eval_every=eval_every, eval_count=eval_count,
-                                        held_out=held_out, exact_match=exact_match, log=log)
+                                        seed_base=TRAIN_SEED + 100_000, eval_every=eval_every, eval_count=eval_count)
     final = {length: exact_match(model, held_out(4 * eval_count, length, 8, offset=7)) for length in eval_lengths}
     log(f"final held-out accuracy (8 needles): {final}")
     model.eval()
@@ -131,16 +130,28 @@ def train_from_scratch(*, steps, batch, max_length, lr, seed, eval_every, eval_c
     """Stage 1: the curriculum on a fresh model; returns (model, history)."""
     torch.manual_seed(seed)
     model = build_model(seed, **{**MODEL, "num_layers": num_layers})
+
+    def batch_for(step):
+        length, needles = curriculum(step, steps, max_length)
+        samples = data.make_batch(batch_size(length, batch), length, needles, seed=TRAIN_SEED + step, all_queries=True)
+        return length, needles, samples
+
+    history = run_steps(model, batch_for, steps=steps, lr=lr, warmup=max(1, steps // 50), eval_every=eval_every,
+                        eval_count=eval_count, label="step")
+    return model, history
+
+
+def run_steps(model, batch_for, *, steps: int, lr: float, warmup: int, eval_every: int, eval_count: int,
+              label: str) -> list[dict]:
+    """AdamW with linear warm-up and cosine decay over `steps`, on batch_for(step) -> (length, needles, samples); every
+    eval_every steps, held-out exact match at that step's length and needles. Returns the history."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 50)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
     history, start = [], time.perf_counter()
     model.train()
     for step in range(steps):
-        length, needles = curriculum(step, steps, max_length)
-        samples = data.make_batch(batch_size(length, batch), length, needles, seed=TRAIN_SEED + step,
-                                  all_queries=True)
+        length, needles, samples = batch_for(step)
         inputs, targets = data.training_tensors(samples)
         logits = model(input_ids=inputs).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -153,9 +164,10 @@ def train_from_scratch(*, steps, batch, max_length, lr, seed, eval_every, eval_c
             accuracy = exact_match(model, held_out(eval_count, length, needles))
             history.append({"step": step + 1, "length": length, "needles": needles, "loss": round(loss.item(), 4),
                             "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
-            log(f"step {step + 1}/{steps}: length {length}, {needles} needles, loss {loss.item():.4f}, "
+            log(f"{label} {step + 1}/{steps}: length {length}, {needles} needles, loss {loss.item():.4f}, "
                 f"held-out accuracy {accuracy:.3f}, {time.perf_counter() - start:.0f} s")
-    return model, history
+    model.eval()
+    return history
 
 
 def main(argv=None) -> int:

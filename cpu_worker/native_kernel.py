@@ -6,8 +6,10 @@ translation unit.
 
 The fast path of the CPU part: built on first use with torch's cpp_extension
 for this host (-O3 -march=native), once per process under a lock, and cached
-on disk by torch. A build that fails (no compiler, compile error) is reported
-once through logging and leaves the torch path (torch_kernel.py) to serve.
+on disk: in <SCOUT_NATIVE_BUILD_DIR>/<name> when that is set (read by
+scout_sglang.env), else in torch's extension cache. A build that fails (no
+compiler, compile error) is reported once through logging and leaves the torch
+path (torch_kernel.py) to serve; a bad SCOUT_NATIVE_BUILD_DIR is an error.
 """
 
 from __future__ import annotations
@@ -72,14 +74,24 @@ def headers_key(sources: tuple[Path, ...]) -> str:
 
 
 def build_native(
-    *, name: str | None = None, sources: tuple[Path, ...] = SOURCES, extra_cflags: tuple[str, ...] = EXTRA_CFLAGS
+    *, name: str | None = None, sources: tuple[Path, ...] = SOURCES, extra_cflags: tuple[str, ...] = EXTRA_CFLAGS,
+    build_dir: Path | None = None,
 ) -> NativeBuild:
-    """Compile and import the kernel; never raises (errors come back in the result)."""
+    """Compile and import the kernel; never raises (errors come back in the result).
+
+    build_dir: the kernel is built and cached in build_dir/<name> (a folder per name, so that builds for
+    other hosts or headers never overwrite each other); None: torch's extension cache.
+    """
     name = name or f"scout_cpu_attention_{host_key()}_{headers_key(sources)}"
     try:
         from torch.utils.cpp_extension import load
 
-        module = load(name=name, sources=[str(s) for s in sources], extra_cflags=list(extra_cflags), verbose=False)
+        directory = None
+        if build_dir is not None:
+            directory = Path(build_dir) / name
+            directory.mkdir(parents=True, exist_ok=True)
+        module = load(name=name, sources=[str(s) for s in sources], extra_cflags=list(extra_cflags), verbose=False,
+                      build_directory=None if directory is None else str(directory))
     except Exception as exc:  # noqa: BLE001 - any build failure means "use the torch path"
         first_line = (str(exc).strip().splitlines() or [""])[0]
         return NativeBuild(module=None, name=name, error=f"{type(exc).__name__}: {first_line[:500]}")
@@ -87,19 +99,27 @@ def build_native(
 
 
 @functools.cache
-def _load_native_once() -> NativeBuild:
-    build = build_native()
+def _load_native_once(build_dir: Path | None) -> NativeBuild:
+    build = build_native(build_dir=build_dir)
     if build.module is None:
         logger.warning("native CPU attention kernel unavailable, the torch path will serve: %s", build.error)
     else:
-        logger.info("native CPU attention kernel %s loaded (isa %s)", build.name, build.module.isa())
+        logger.info("native CPU attention kernel %s loaded from %s (isa %s)", build.name,
+                    build.module.__file__, build.module.isa())
     return build
 
 
 def load_native() -> NativeBuild:
-    """The process-wide build: compiled once (concurrent callers wait for it)."""
+    """The process-wide build: compiled once (concurrent callers wait for it).
+
+    Raises ValueError for a bad SCOUT_NATIVE_BUILD_DIR: a setting that names a directory that cannot be
+    used must stop the caller, not quietly leave the torch path to serve.
+    """
+    from scout_sglang.env import native_build_dir  # environment variables are read there only
+
+    build_dir = native_build_dir()
     with _BUILD_LOCK:
-        return _load_native_once()
+        return _load_native_once(build_dir)
 
 
 class NativeKernel:

@@ -3,6 +3,10 @@
 SCOUT_CONFIG names a preset (a YAML file in scout_sglang.configs, without the
 extension) or a path to a YAML file; SCOUT_<FIELD> overrides one field of
 ScoutConfig (SCOUT_TOKEN_BUDGET=1024, SCOUT_DENSE_LAYERS=0,1, SCOUT_KERNEL_IMPL=none).
+The others (OTHER_VARIABLES) are read here too, by the part that uses them:
+SCOUT_KV_POOL and SCOUT_HOST_KV_GIB (the server's KV pool), SCOUT_NATIVE_BUILD_DIR
+(where the native CPU kernel is built) and SCOUT_LOG_LEVEL (the level of the
+`scout_sglang` loggers).
 Unknown SCOUT_* names and unparsable values are errors that name the variable
 and what it accepts: a typo must stop the server, not be ignored.
 """
@@ -10,6 +14,7 @@ and what it accepts: a typo must stop the server, not be ignored.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +32,7 @@ FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ScoutConfig) if f.name
 OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL", "SCOUT_KV_POOL",
                              "SCOUT_HOST_KV_GIB"})
 KV_POOLS = ("scout", "stock")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def presets_dir() -> Path:
@@ -145,6 +151,35 @@ def pool_settings_from_env(environ: Mapping[str, str] | None = None) -> PoolSett
         if not host_kv_gib > 0:
             raise ValueError(f"SCOUT_HOST_KV_GIB={text!r} must be positive")
     return PoolSettings(kv_pool, host_kv_gib)
+
+
+def native_build_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """SCOUT_NATIVE_BUILD_DIR: where the native CPU attention kernel is built and cached (created when
+    missing); None when unset, and torch's extension cache (TORCH_EXTENSIONS_DIR) is used."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_NATIVE_BUILD_DIR", "").strip()
+    if not text:
+        return None
+    path = Path(text).expanduser().resolve()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise ValueError(f"SCOUT_NATIVE_BUILD_DIR={text!r} is not accepted: {existing} is not a directory; expected "
+                         "a directory (existing, or one that can be created) for the native CPU kernel's build")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"SCOUT_NATIVE_BUILD_DIR={text!r} is not accepted: {existing} is not writable; expected a "
+                         "writable directory for the native CPU kernel's build")
+    return path
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> int | None:
+    """SCOUT_LOG_LEVEL: the level of the `scout_sglang` loggers (a name, any case); None when unset."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_LOG_LEVEL", "").strip()
+    if not text:
+        return None
+    if text.upper() not in LOG_LEVELS:
+        raise ValueError(f"SCOUT_LOG_LEVEL={text!r} is not accepted; accepted values: {', '.join(LOG_LEVELS)}")
+    return getattr(logging, text.upper())
 
 
 def triton_interpreter_enabled() -> bool:

@@ -3,7 +3,9 @@
 SGLang calls register() in every process, and only logs a plugin that raises,
 so registration is cheap, idempotent and never raises: on a wrong sglang
 version `scout` is still registered, with a factory that stops the server with
-the version message when (and only when) `scout` is selected. This is the one
+the version message when (and only when) `scout` is selected; a bad
+SCOUT_LOG_LEVEL (applied to the `scout_sglang` loggers here) stops it the same
+way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
 request release (finish, abort, retraction) and an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
@@ -24,13 +26,28 @@ STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                 "SchedulerInternalStateController.get_internal_state")
 LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()  # backends of this process, freed on request release
 _registered = False
+_settings_problem: str | None = None  # a bad setting seen by register(), raised when `scout` is selected
+
+
+def apply_log_level() -> str | None:
+    """Set the level of the `scout_sglang` loggers from SCOUT_LOG_LEVEL; the problem with its value, or None."""
+    from scout_sglang.env import log_level
+
+    try:
+        level = log_level()
+    except ValueError as error:
+        return str(error)
+    if level is not None:
+        logging.getLogger("scout_sglang").setLevel(level)
+    return None
 
 
 def register() -> None:
-    global _registered
+    global _registered, _settings_problem
     if _registered:
         return
     _registered = True
+    _settings_problem = apply_log_level()
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
@@ -49,7 +66,7 @@ def register() -> None:
 
 def create_backend(model_runner):
     """Factory SGLang calls for `--attention-backend scout`."""
-    problem = version_problem()
+    problem = version_problem() or _settings_problem
     if problem:
         raise RuntimeError(problem)
     from scout_sglang.sglang_adapter.backend import _as_attention_backend

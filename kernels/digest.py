@@ -3,6 +3,9 @@
 First stage of digest -> select -> device part / CPU part -> merge. Digests are
 stored per page in the cache dtype (min/max of bf16 values are exact in bf16),
 1/S of the K cache each: [num_pages, Hkv, D] for the min and for the max.
+The engine digests through these functions only (`digest_blocks` for blocks
+that fill, `update_digests` for the pages of a device-full store), so the
+tests of this module cover the digests every mode selects with.
 """
 
 from __future__ import annotations
@@ -63,13 +66,46 @@ def update_digests(
     _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
 
 
-def _digests_into(k_cache, page_ids, digest_min, digest_max, impl):
+def digest_blocks(
+    k_blocks: torch.Tensor,
+    rows: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    *,
+    impl: str | None = None,
+) -> None:
+    """Digest blocks held outside the digests' page space into the given rows.
+
+    Parameters
+    ----------
+    k_blocks : [n, Hkv, S, D], the keys of n full blocks (for example the
+        device window pages of blocks that just filled)
+    rows : [n] int32, same device; distinct rows of the digests to rewrite
+        (the blocks' host pages)
+    digest_min, digest_max : [R, Hkv, D], dtype of k_blocks; other rows untouched
+    """
+    check_paged_cache(k_blocks)
+    device = k_blocks.device
+    check_tensor("rows", rows, ndim=1, dtypes=(torch.int32,), device=device)
+    if rows.shape[0] != k_blocks.shape[0]:
+        raise ValueError(f"rows must have one entry per block ({k_blocks.shape[0]}), got {rows.shape[0]}")
+    for name, digest in (("digest_min", digest_min), ("digest_max", digest_max)):
+        check_tensor(name, digest, ndim=3, dtypes=(k_blocks.dtype,), device=device)
+        check_shape(name, digest, (digest.shape[0], k_blocks.shape[1], k_blocks.shape[3]))
+    if rows.numel() == 0:
+        return
+    sources = torch.arange(k_blocks.shape[0], dtype=torch.int32, device=device)
+    _digests_into(k_blocks, sources, digest_min, digest_max, impl, rows=rows)
+
+
+def _digests_into(k_cache, page_ids, digest_min, digest_max, impl, *, rows=None):
+    """Digests of pages `page_ids` of k_cache into rows `rows` (default: the same ids)."""
     if select_impl("digests", k_cache.device.type, impl) == "triton":
         from scout_sglang.kernels.triton import digests_triton
 
-        digests_triton(k_cache, page_ids, digest_min, digest_max)
+        digests_triton(k_cache, page_ids, digest_min, digest_max, rows=rows)
         return
-    rows = page_ids.long()
-    pages = k_cache.index_select(0, rows)
+    pages = k_cache.index_select(0, page_ids.long())
+    rows = (page_ids if rows is None else rows).long()
     digest_min.index_copy_(0, rows, pages.amin(dim=2))
     digest_max.index_copy_(0, rows, pages.amax(dim=2))

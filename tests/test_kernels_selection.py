@@ -30,6 +30,19 @@ def test_update_digests_rewrites_only_the_given_pages():
     assert torch.equal(kmin[untouched], before_min[untouched]) and torch.equal(kmax[untouched], before_max[untouched])
 
 
+def test_digest_blocks_writes_the_digests_of_loose_blocks_into_the_given_rows_only():
+    """How the engine digests a block that just filled: read from the window, written at its host page's row."""
+    k_blocks, _ = random_paged_kv(3, 2, 16, 64, dtype=torch.float32, seed=2)
+    kmin = torch.full((8, 2, 64), 7.0)
+    kmax = kmin.clone()
+    kernels.digest_blocks(k_blocks, torch.tensor([5, 0, 3], dtype=torch.int32), kmin, kmax)
+    ref_min, ref_max = reference.block_digests(k_blocks)
+    assert torch.equal(kmin[[5, 0, 3]], ref_min) and torch.equal(kmax[[5, 0, 3]], ref_max)
+    assert torch.all(kmin[[1, 2, 4, 6, 7]] == 7.0) and torch.all(kmax[[1, 2, 4, 6, 7]] == 7.0)
+    with pytest.raises(ValueError, match="one entry per block"):
+        kernels.digest_blocks(k_blocks, torch.tensor([1], dtype=torch.int32), kmin, kmax)
+
+
 def make_scoring_inputs(num_blocks, *, group_size=4, num_kv_heads=2, head_dim=64, seed=0):
     k_cache, _ = random_paged_kv(sum(num_blocks), num_kv_heads, 16, head_dim, dtype=torch.float32, seed=seed)
     kmin, kmax = kernels.build_digests(k_cache)

@@ -97,6 +97,18 @@ def test_digests_match_reference_and_touch_only_listed_pages(ops, dtype, head_di
     assert torch.all(out_max.cpu()[others] == sentinel)
 
 
+def test_digests_read_one_page_and_write_another_row_when_rows_are_given(ops):
+    k, _ = _cache(3, 64, torch.float32)
+    out_min = torch.full((5, NUM_KV_HEADS, 64), 9.0, device=TRITON_DEVICE)
+    out_max = out_min.clone()
+    pages = torch.tensor([2, 0], dtype=torch.int32, device=TRITON_DEVICE)
+    rows = torch.tensor([4, 1], dtype=torch.int32, device=TRITON_DEVICE)
+    ops.digests_triton(k, pages, out_min, out_max, rows=rows)
+    ref_min, ref_max = block_digests(k.cpu())
+    assert torch.equal(out_min.cpu()[[4, 1]], ref_min[[2, 0]]) and torch.equal(out_max.cpu()[[4, 1]], ref_max[[2, 0]])
+    assert torch.all(out_min.cpu()[[0, 2, 3]] == 9.0)
+
+
 # ---------------------------------------------------------------- scores
 
 

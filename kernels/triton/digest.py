@@ -2,7 +2,9 @@
 
 First op of digest -> select -> device part / CPU part -> merge. Only the pages
 named in `page_ids` are (re)computed, so a step digests just the blocks that
-filled; every other row of the digest tensors is left as it was.
+filled; every other row of the digest tensors is left as it was. The source
+page and the destination row may differ (`rows`): a block that just filled is
+read from the device window and digested into the row of its host page.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton.language as tl
 def _block_digest_kernel(
     k_ptr,
     page_ids_ptr,
+    rows_ptr,
     min_ptr,
     max_ptr,
     stride_k_page,
@@ -34,6 +37,7 @@ def _block_digest_kernel(
     pid = tl.program_id(0)
     head = tl.program_id(1)
     page = tl.load(page_ids_ptr + pid).to(tl.int64)
+    row = tl.load(rows_ptr + pid).to(tl.int64)
 
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -50,29 +54,35 @@ def _block_digest_kernel(
     k_max = tl.max(tl.where(mask, k, float("-inf")), axis=0)
 
     tl.store(
-        min_ptr + page * stride_min_page + head * stride_min_head + offs_d,
+        min_ptr + row * stride_min_page + head * stride_min_head + offs_d,
         k_min.to(min_ptr.dtype.element_ty),
         mask=mask_d,
     )
     tl.store(
-        max_ptr + page * stride_max_page + head * stride_max_head + offs_d,
+        max_ptr + row * stride_max_page + head * stride_max_head + offs_d,
         k_max.to(max_ptr.dtype.element_ty),
         mask=mask_d,
     )
 
 
 def digests_triton(
-    k_cache: torch.Tensor, page_ids: torch.Tensor, out_min: torch.Tensor, out_max: torch.Tensor
+    k_cache: torch.Tensor,
+    page_ids: torch.Tensor,
+    out_min: torch.Tensor,
+    out_max: torch.Tensor,
+    *,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """Write the digests of the pages in `page_ids` into `out_min` / `out_max`.
 
     Parameters
     ----------
     k_cache : [P, Hkv, S, D] fp32/fp16/bf16, contiguous
-    page_ids : [n] int32, distinct page ids to digest
-    out_min, out_max : [P, Hkv, D], cache dtype; rows `page_ids` are
-        overwritten with the per-channel min/max over the page's S tokens,
-        all other rows are untouched
+    page_ids : [n] int32, page ids to digest
+    out_min, out_max : [R, Hkv, D], cache dtype; row rows[i] (default:
+        page_ids[i]) is overwritten with the per-channel min/max over the
+        S tokens of page page_ids[i]; all other rows are untouched
+    rows : optional [n] int32, distinct destination rows
     """
     num_ids = page_ids.shape[0]
     if num_ids == 0:
@@ -81,6 +91,7 @@ def digests_triton(
     _block_digest_kernel[(num_ids, num_kv_heads)](
         k_cache,
         page_ids,
+        page_ids if rows is None else rows,
         out_min,
         out_max,
         k_cache.stride(0),

@@ -28,6 +28,8 @@ from scout_sglang.core import attention_lists, recall
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
+from scout_sglang.core.timing import SectionTimer
+from scout_sglang.core.trace import DecisionTrace, LayerDecision, block_lists
 from scout_sglang.layout import PAD_BLOCK
 
 RESIDENT_MODES = ("scout", "infinigen")
@@ -70,11 +72,12 @@ class CoAttentionEngine:
     total_pages : overrides that sizing with a page count for all requests together
     cpu_pool : a CpuAttentionPool to use; None creates one when the mode needs it
     track_changes : compute the block change rate (costs a little per step)
+    trace : record every decision in `self.trace` (a DecisionTrace) for tests; off costs nothing
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
-                 cpu_pool=None, track_changes: bool = True):
+                 cpu_pool=None, track_changes: bool = True, trace: bool = False):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -106,6 +109,8 @@ class CoAttentionEngine:
         # only when it next attends (next step for scout, this step for infinigen).
         self._recall_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._recall_events: dict[int, object] = {}
+        self._timer = SectionTimer(self.device)
+        self.trace: DecisionTrace | None = DecisionTrace() if trace else None
 
     def _make_pool(self):
         from scout_sglang.cpu_worker import CpuAttentionPool
@@ -194,8 +199,9 @@ class CoAttentionEngine:
                     k_full = torch.cat([store.dev_k[layer][page, :, :head].transpose(0, 1), k_full])
                     v_full = torch.cat([store.dev_v[layer][page, :, :head].transpose(0, 1), v_full])
                 shape = (last - first, size, *k.shape[1:])
-                store.store_full_blocks(layer, rid, list(range(first, last)), k_full.reshape(shape).transpose(1, 2),
-                                        v_full.reshape(shape).transpose(1, 2))
+                blocks, k_blocks = list(range(first, last)), k_full.reshape(shape).transpose(1, 2)
+                store.copy_blocks_to_host(layer, rid, blocks, k_blocks, v_full.reshape(shape).transpose(1, 2))
+                store.write_digests(layer, rid, blocks, k_blocks)
             window = set(store.window_blocks(end))
             keep = [p - start for p in range(start, end) if p // size in window]
             store.write_window(layer, [rid] * len(keep), [start + i for i in keep], k[keep].to(self.device),
@@ -235,6 +241,9 @@ class CoAttentionEngine:
                 self.offloaded.ensure_full_blocks(state.rid, after // self.block_size)
             self._admit_leaving_block(state, after)
         self.telemetry = StepTelemetry(self._step_index, len(rids))
+        if self.trace is not None:
+            slots = torch.tensor([s.slot for s in self._batch], dtype=torch.long)
+            self.trace.begin_step({layer: self.offloaded.resident_map[layer][slots] for layer in self.offloaded_layers})
 
     def wants_prediction(self, layer: int) -> bool:
         """Whether attend(layer) can use a query predicted one layer ahead."""
@@ -265,7 +274,10 @@ class CoAttentionEngine:
         self._await_recall(layer)
         self._append(layer, k_new, v_new)
         if layer in self.full_layers:
-            return self._attend_full(layer, q)
+            o, selected, counts = self._attend_full(layer, q)
+            if self.trace is not None:
+                self._trace_full(layer, selected, counts)
+            return o
         mode = self.config.mode
         selection = self._selection.get(layer)
         if selection is None:  # nothing launched ahead: same-layer path with the real query
@@ -281,10 +293,14 @@ class CoAttentionEngine:
         if mode == "infinigen" and selection is not None:
             only = self._selected_sets(selection)
         o, lse = self._device_part(layer, q, only=only, use_resident=mode in RESIDENT_MODES)
+        traced = self._trace_offloaded(layer, selection, only) if self.trace is not None else None
         if selection is not None and selection.handle is not None:
             o = self._merge_cpu(layer, o, lse, selection)
         if mode == "scout" and selection is not None:
             self._maybe_recall(layer, selection)
+        if traced is not None:
+            traced.resident_after = self._resident_rows(layer) if mode in RESIDENT_MODES else None
+            self.trace.record(traced)
         return o
 
     def end_step(self) -> StepTelemetry:
@@ -293,6 +309,7 @@ class CoAttentionEngine:
             state.num_tokens += 1
             state.steps += 1
         self._step_index += 1
+        self._timer.resolve(self.telemetry)
         telemetry, self.telemetry = self.telemetry, None
         self._batch, self._selection = [], {}
         return telemetry
@@ -341,14 +358,18 @@ class CoAttentionEngine:
             return
         store = self.offloaded
         store.write_window(layer, rids, positions, k_new, v_new)
-        for b in filled:
+        for b in filled:  # the block this token completes: a host copy and its digest
             block = positions[b] // self.block_size
             page = store.window_page(rids[b], block)
-            store.store_full_blocks(layer, rids[b], [block], store.dev_k[layer][page : page + 1], store.dev_v[layer][page : page + 1])
+            k_block, v_block = store.dev_k[layer][page : page + 1], store.dev_v[layer][page : page + 1]
+            store.copy_blocks_to_host(layer, rids[b], [block], k_block, v_block)
+            store.write_digests(layer, rids[b], [block], k_block)
 
     def _attend_full(self, layer, q):
+        """Attention over a device-full layer -> (o, quest selection or None, its counts or None)."""
         rids = [s.rid for s in self._batch]
         counts_after = self._after_counts()
+        selected = counts = None
         if self.config.mode == "quest" and layer not in self.config.dense_layers:
             store = self.full_store
             tables = [store.page_table(r) for r in rids]
@@ -359,11 +380,11 @@ class CoAttentionEngine:
         else:
             table, n_listed, last = attention_lists.full_store_lists(
                 self.full_store, rids, counts_after, num_kv_heads=self.shape.num_kv_heads, device=self.device)
-        start = time.perf_counter()
-        o, _ = kernels.sparse_decode(q.contiguous(), self.full_store.k[layer], self.full_store.v[layer], table, n_listed,
-                                     scale=self.shape.softmax_scale, last_block_len=last, impl=self.config.kernel_impl)
-        self.telemetry.add_time("device_attention", time.perf_counter() - start)
-        return o
+        with self._timer.section(self.telemetry, "device_attention"):
+            o, _ = kernels.sparse_decode(q.contiguous(), self.full_store.k[layer], self.full_store.v[layer], table,
+                                         n_listed, scale=self.shape.softmax_scale, last_block_len=last,
+                                         impl=self.config.kernel_impl)
+        return o, selected, counts
 
     def _topk(self, layer, q, digest_min, digest_max, tables, num_full):
         """Scores and top-k over the full blocks of each request (forced sink/local)."""
@@ -372,13 +393,12 @@ class CoAttentionEngine:
         for b, (pages, n) in enumerate(zip(tables, num_full)):
             table[b, :n] = torch.tensor(pages[:n], dtype=torch.int32)
         table, lengths = table.to(self.device), torch.tensor(num_full, dtype=torch.int32, device=self.device)
-        start = time.perf_counter()
-        scores = kernels.score_blocks(q.to(digest_min.dtype).contiguous(), digest_min, digest_max, table, lengths,
-                                      impl=self.config.kernel_impl)
-        selected, counts = kernels.select_topk(scores, lengths, topk=self.config.topk_blocks,
-                                               num_sink_blocks=self.config.sink_blocks,
-                                               num_local_blocks=self.config.local_blocks)
-        self.telemetry.add_time("select", time.perf_counter() - start)
+        with self._timer.section(self.telemetry, "select"):
+            scores = kernels.score_blocks(q.to(digest_min.dtype).contiguous(), digest_min, digest_max, table, lengths,
+                                          impl=self.config.kernel_impl)
+            selected, counts = kernels.select_topk(scores, lengths, topk=self.config.topk_blocks,
+                                                   num_sink_blocks=self.config.sink_blocks,
+                                                   num_local_blocks=self.config.local_blocks)
         stats = self.telemetry.layer(layer)
         stats.selected_blocks += int(counts.sum())
         stats.budget_blocks += self.config.topk_blocks * self.shape.num_kv_heads * len(tables)
@@ -431,11 +451,12 @@ class CoAttentionEngine:
         """Fill a resident buffer the first time its (request, layer) is selected."""
         store = self.offloaded
         ready = store.resident_ready[layer]
-        pending = [b for b, s in enumerate(self._batch) if not bool(ready[s.slot])]
+        selected, counts = selection.selected.cpu(), selection.counts.cpu()
+        # A request without a full block yet has no selection: its first fill waits for one.
+        pending = [b for b, s in enumerate(self._batch) if not bool(ready[s.slot]) and int(counts[b].sum()) > 0]
         if not pending:
             return
         sets = self._selected_sets(selection)
-        selected, counts = selection.selected.cpu(), selection.counts.cpu()
         for b in pending:
             state = self._batch[b]
             forced = set(store.forced_blocks(state.num_tokens + 1))
@@ -482,11 +503,10 @@ class CoAttentionEngine:
         table, counts, last = attention_lists.offloaded_lists(
             self.offloaded, layer, rids, slots, self._after_counts(), num_kv_heads=self.shape.num_kv_heads,
             device=self.device, only_blocks=only, use_resident=use_resident)
-        start = time.perf_counter()
-        o, lse = kernels.sparse_decode(q.contiguous(), self.offloaded.dev_k[layer], self.offloaded.dev_v[layer], table,
-                                       counts, scale=self.shape.softmax_scale, last_block_len=last,
-                                       impl=self.config.kernel_impl)
-        self.telemetry.add_time("device_attention", time.perf_counter() - start)
+        with self._timer.section(self.telemetry, "device_attention"):
+            o, lse = kernels.sparse_decode(q.contiguous(), self.offloaded.dev_k[layer], self.offloaded.dev_v[layer],
+                                           table, counts, scale=self.shape.softmax_scale, last_block_len=last,
+                                           impl=self.config.kernel_impl)
         return o, lse
 
     def _merge_cpu(self, layer, o, lse, selection):
@@ -495,11 +515,10 @@ class CoAttentionEngine:
         waited = time.perf_counter() - start
         self.telemetry.layer(layer).cpu_wait_s += waited
         self.telemetry.add_time("cpu_wait", waited)
-        start = time.perf_counter()
-        cpu_o = selection.out_o.to(self.device, non_blocking=True)
-        cpu_lse = selection.out_lse.to(self.device, non_blocking=True)
-        merged, _ = kernels.merge_attention_states(o, lse, cpu_o, cpu_lse, impl=self.config.kernel_impl)
-        self.telemetry.add_time("merge", time.perf_counter() - start)
+        with self._timer.section(self.telemetry, "merge"):
+            cpu_o = selection.out_o.to(self.device, non_blocking=True)
+            cpu_lse = selection.out_lse.to(self.device, non_blocking=True)
+            merged, _ = kernels.merge_attention_states(o, lse, cpu_o, cpu_lse, impl=self.config.kernel_impl)
         return merged
 
     def _infinigen_recall(self, layer, selection):
@@ -509,7 +528,7 @@ class CoAttentionEngine:
         selected, counts = selection.selected.cpu(), selection.counts.cpu()
         scores = selection.scores.cpu()
         stats = self.telemetry.layer(layer)
-        start = time.perf_counter()
+        start = time.perf_counter()  # host time to issue the copies (they run on a side stream on CUDA)
         with self._recall_copies():
             for b, state in enumerate(self._batch):
                 forced = set(store.forced_blocks(state.num_tokens + 1))
@@ -554,6 +573,49 @@ class CoAttentionEngine:
                     stats.recall_bytes += moved * store.block_bytes_per_head(layer)
         self._recall_issued(layer)
         self.telemetry.add_time("recall", time.perf_counter() - start)
+
+    # -- decision trace (tests only; never built when self.trace is None) -------
+    def _resident_rows(self, layer) -> list:
+        slots = torch.tensor([s.slot for s in self._batch], dtype=torch.long)
+        return self.offloaded.resident_map[layer][slots].tolist()
+
+    def _trace_full(self, layer, selected, counts):
+        """Device-full layer: every block, or quest's selection plus the partial tail."""
+        batch, heads, size = len(self._batch), self.shape.num_kv_heads, self.block_size
+        counts_after = self._after_counts()
+        if selected is None:
+            device = [[list(range(ceil_div(n, size)))] * heads for n in counts_after]
+        else:
+            device = block_lists(selected, counts, batch, heads)
+            for b, n in enumerate(counts_after):
+                if n % size:
+                    device[b] = [blocks + [n // size] for blocks in device[b]]
+        self.trace.record(LayerDecision(
+            self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=False,
+            selected=None if selected is None else block_lists(selected, counts, batch, heads),
+            device_blocks=device, cpu_blocks=block_lists(None, None, batch, heads)))
+
+    def _trace_offloaded(self, layer, selection, only) -> LayerDecision:
+        """Offloaded layer: resident blocks (those in `only` for infinigen) then the window, as _device_part lists them."""
+        batch, heads = len(self._batch), self.shape.num_kv_heads
+        counts_after = self._after_counts()
+        resident = self._resident_rows(layer) if self.config.mode in RESIDENT_MODES else None
+        device = []
+        for b, n in enumerate(counts_after):
+            window = self.offloaded.window_blocks(n)
+            rows = []
+            for h in range(heads):
+                held = [] if resident is None else [j for j in resident[b][h] if j != PAD_BLOCK]
+                if only is not None:
+                    held = [j for j in held if j in only[b][h]]
+                rows.append(held + window)
+            device.append(rows)
+        selected = None if selection is None else block_lists(selection.selected, selection.counts, batch, heads)
+        cpu = block_lists(None, None, batch, heads)
+        if selection is not None and selection.handle is not None:
+            cpu = block_lists(selection.cpu_blocks, selection.cpu_counts, batch, heads)
+        return LayerDecision(self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=True,
+                             selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)
 
 
 def _nbytes(*stores: dict) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from scout_sglang import kernels
 from scout_sglang.core.page_allocator import PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.layout import PAD_BLOCK
@@ -68,12 +69,11 @@ class DeviceFullStore:
         write_tokens(self.k[layer], self.v[layer], pages, offsets, k, v)
 
     def update_digest(self, layer: int, page_ids: list[int]) -> None:
+        """Digests of the pages that just filled (quest mode keeps digests of its device-full layers)."""
         if not self.digest_min or not page_ids:
             return
-        index = torch.tensor(page_ids, device=self.device)
-        blocks = self.k[layer][index]
-        self.digest_min[layer][index] = blocks.amin(dim=2)
-        self.digest_max[layer][index] = blocks.amax(dim=2)
+        index = torch.tensor(page_ids, dtype=torch.int32, device=self.device)
+        kernels.update_digests(self.k[layer], index, self.digest_min[layer], self.digest_max[layer])
 
     def release(self, rid: int) -> None:
         self.pages.release(rid)
@@ -169,16 +169,21 @@ class OffloadedStore:
         offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
         write_tokens(self.dev_k[layer], self.dev_v[layer], pages, offsets, k, v)
 
-    def store_full_blocks(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor, v_blocks: torch.Tensor):
-        """Host copy + digest of full blocks; k_blocks/v_blocks [n, Hkv, S, D] on the device."""
+    def copy_blocks_to_host(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor,
+                            v_blocks: torch.Tensor) -> None:
+        """Host copy of full blocks; k_blocks/v_blocks [n, Hkv, S, D] on the device."""
         table = self.host_pages.table(rid)
         host_index = torch.tensor([table[j] for j in blocks])
         # Blocking device -> host copy: the host store is read by CPU threads right after.
         self.host_k[layer][host_index] = k_blocks.cpu()
         self.host_v[layer][host_index] = v_blocks.cpu()
-        digest_index = host_index.to(self.device)
-        self.digest_min[layer][digest_index] = k_blocks.amin(dim=2)
-        self.digest_max[layer][digest_index] = k_blocks.amax(dim=2)
+
+    def write_digests(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor) -> None:
+        """Digests of full blocks (k_blocks [n, Hkv, S, D] on the device), in the rows of their host pages."""
+        table = self.host_pages.table(rid)
+        rows = torch.tensor([table[j] for j in blocks], dtype=torch.int32, device=self.device)
+        kernels.digest_blocks(k_blocks.to(self.digest_min[layer].dtype).contiguous(), rows, self.digest_min[layer],
+                              self.digest_max[layer])
 
     def copy_host_to_resident(self, layer: int, rid: int, slot_index: int, head: int, block: int) -> None:
         host_page = self.host_pages.table(rid)[block]

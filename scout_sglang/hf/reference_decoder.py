@@ -50,10 +50,13 @@ class ReferenceDecoder:
     model : a transformers LlamaForCausalLM or Qwen3ForCausalLM in eval mode
     config : ScoutConfig of the engine
     max_tokens_per_request : sizes the engine's stores
+    engine : optional factory engine(config, shape) of another engine with CoAttentionEngine's driver
+        protocol (add_request, prefill, begin_step, wants_prediction, predict, attend, end_step,
+        release_request, close), for example a second implementation to compare with
     """
 
     def __init__(self, model, config: ScoutConfig, *, max_requests: int = 8, max_tokens_per_request: int = 4096,
-                 track_changes: bool = True, cpu_pool=None):
+                 track_changes: bool = True, cpu_pool=None, engine=None):
         register_attention()
         self.model = model
         text = model.config
@@ -63,9 +66,12 @@ class ReferenceDecoder:
                            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
                            scale=self.layers[0].self_attn.scaling)
         dtype = next(model.parameters()).dtype
-        self.engine = CoAttentionEngine(config, shape, device=next(model.parameters()).device, dtype=dtype,
-                                        max_requests=max_requests, max_tokens_per_request=max_tokens_per_request,
-                                        cpu_pool=cpu_pool, track_changes=track_changes)
+        if engine is not None:
+            self.engine = engine(config, shape)
+        else:
+            self.engine = CoAttentionEngine(config, shape, device=next(model.parameters()).device, dtype=dtype,
+                                            max_requests=max_requests, max_tokens_per_request=max_tokens_per_request,
+                                            cpu_pool=cpu_pool, track_changes=track_changes)
         self.shape = shape
         self._rotary = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
         self._phase: tuple = ()

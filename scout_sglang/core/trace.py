@@ -1,0 +1,64 @@
+"""Decision trace: what each decode step decided, per layer, request and KV head.
+
+Off by default: the engine then never builds a record (one `is None` test per
+layer). When on (`CoAttentionEngine(trace=True)`), every `attend` appends one
+LayerDecision, in logical block indices of the request, so that a test can
+check each decision and recompute the output from its own copy of the K/V
+(tests/oracle). Nothing in the decode path reads the trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from scout_sglang.layout import PAD_BLOCK
+
+
+@dataclass
+class LayerDecision:
+    """One layer of one decode step. Lists are indexed [b][h] (request in the batch, KV head)."""
+
+    step: int
+    layer: int
+    rids: list[int]
+    num_tokens: list[int]  # tokens of each request after the step's token is appended
+    offloaded: bool  # the layer's K/V lives in the host store (False: device-full layer)
+    selected: list | None  # [B][Hkv] selected blocks, best first; None: no selection in this layer
+    device_blocks: list  # [B][Hkv] blocks the device part attended; the partial tail block included
+    cpu_blocks: list  # [B][Hkv] blocks the CPU part attended; empty lists when there is no CPU part
+    resident_start: list | None = None  # [B][Hkv][R] resident slots at the step's start, after window admission
+    resident: list | None = None  # [B][Hkv][R] resident slots when the device part ran (PAD_BLOCK: empty)
+    resident_after: list | None = None  # [B][Hkv][R] after this layer's recall
+
+    @property
+    def recalled(self) -> list:
+        """[B][Hkv] blocks that recall brought in after the attention of this layer."""
+        if self.resident is None or self.resident_after is None:
+            return [[[] for _ in heads] for heads in self.device_blocks]
+        return [[[j for j in after if j != PAD_BLOCK and j not in set(now)] for now, after in zip(rows_now, rows_after)]
+                for rows_now, rows_after in zip(self.resident, self.resident_after)]
+
+
+@dataclass
+class DecisionTrace:
+    """Every LayerDecision of an engine since it was created, in order."""
+
+    decisions: list[LayerDecision] = field(default_factory=list)
+    resident_start: dict = field(default_factory=dict)  # layer -> [B][Hkv][R] of the current step
+
+    def begin_step(self, resident_rows: dict[int, torch.Tensor]) -> None:
+        self.resident_start = {layer: rows.tolist() for layer, rows in resident_rows.items()}
+
+    def record(self, decision: LayerDecision) -> None:
+        decision.resident_start = self.resident_start.get(decision.layer)
+        self.decisions.append(decision)
+
+
+def block_lists(blocks: torch.Tensor | None, counts: torch.Tensor | None, batch_size: int, num_kv_heads: int) -> list:
+    """[B, Hkv, C] blocks with [B, Hkv] counts -> [B][Hkv] lists (empty lists when blocks is None)."""
+    if blocks is None:
+        return [[[] for _ in range(num_kv_heads)] for _ in range(batch_size)]
+    blocks, counts = blocks.cpu(), counts.cpu()
+    return [[blocks[b, h, : int(counts[b, h])].tolist() for h in range(num_kv_heads)] for b in range(batch_size)]

@@ -1,0 +1,64 @@
+"""CoAttentionEngine against the independent oracle (tests/oracle): every decision of
+every step, layer, request and KV head, and every output recomputed from the
+driver's own K/V, for all modes at sparse budgets, with block fills, window
+admissions, first fills, recalls and CPU lists that overflow."""
+
+import pytest
+import torch
+from oracle.check import Oracle
+from oracle.driver import Driver
+
+from scout_sglang.config import MODES, ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.shape import ModelShape
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SHAPES = {
+    "llama": ModelShape(num_layers=3, num_qo_heads=8, num_kv_heads=2, head_dim=32),  # GQA group 4
+    "qwen3": ModelShape(num_layers=4, num_qo_heads=8, num_kv_heads=4, head_dim=16),  # GQA group 2
+}
+# Sparse budgets: 6 blocks of 8 tokens over contexts up to 190 tokens.
+SETTINGS = {
+    "llama": dict(dense_layers=(0,), recall_policy="adaptive"),
+    "qwen3": dict(dense_layers=(), resident_blocks=3, recall_policy="interval", recall_interval=3),
+}
+LENGTHS = [5, 30, 150, 90]  # one request starts with no full block
+STEPS = 36
+
+
+def run_checked(mode, shape_name, **overrides):
+    shape = SHAPES[shape_name]
+    settings = dict(mode=mode, block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1)
+    config = ScoutConfig(**(settings | SETTINGS[shape_name] | overrides))
+    driver = Driver(shape, LENGTHS, STEPS, seed=len(mode))
+    engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=4, max_tokens_per_request=256,
+                               trace=True)
+    outputs = driver.run(engine)
+    if mode != "full":
+        assert (outputs - driver.dense()).abs().max() > 1e-2  # the budget really is sparse
+    return Oracle(config, shape, driver).check(engine.trace.decisions, outputs)
+
+
+@pytest.mark.parametrize("shape_name", sorted(SHAPES))
+@pytest.mark.parametrize("mode", MODES)
+def test_every_decision_and_output_matches_the_oracle(mode, shape_name):
+    report = run_checked(mode, shape_name)
+    assert report.decisions == STEPS * SHAPES[shape_name].num_layers
+    assert report.outputs_checked == report.decisions * len(LENGTHS)
+    assert report.block_fills > 0
+    if mode in ("scout", "hgca"):
+        assert report.cpu_blocks > 0
+    if mode in ("scout", "infinigen"):
+        assert report.predicted_layers > 0 and report.first_fills > 0 and report.admitted_blocks > 0
+        assert report.recalled_blocks > 0
+
+
+@pytest.mark.parametrize("mode", ["scout", "hgca"])
+def test_a_cpu_list_past_its_capacity_drops_the_least_important_blocks(mode):
+    report = run_checked(mode, "qwen3", max_cpu_blocks=1)
+    assert report.cpu_blocks > 0
+
+
+def test_the_same_layer_path_without_layer_ahead_prediction():
+    report = run_checked("scout", "llama", layer_ahead=False)
+    assert report.predicted_layers == 0 and report.cpu_blocks > 0 and report.recalled_blocks > 0

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from support import HAS_CUDA, assert_close, requires_cuda
+from support import HAS_TRITON, assert_close, requires_cuda
 
 from scout_sglang import kernels, reference
 from scout_sglang.kernels.dispatch import is_available
@@ -137,9 +137,16 @@ def test_every_cuda_path_matches_reference(impl, dtype):
     assert_close(lse, ref_lse, dtype, lse=True)
 
 
-def test_cuda_only_implementations_are_refused_on_cpu():
+def test_cuda_only_implementations_are_refused_on_cpu(monkeypatch):
     table, counts = random_block_lists([[2, 3]], num_pages=6, capacity=3)
     k_cache, v_cache = random_paged_kv(6, 2, BLOCK, 64, dtype=torch.float32)
     with pytest.raises(ValueError, match="not available for sparse_decode on cpu"):
         kernels.sparse_decode(torch.randn(1, 4, 64), k_cache, v_cache, table, counts, scale=0.1, impl="flashinfer")
-    assert not HAS_CUDA or is_available("torch", "cuda")
+    # On CPU tensors: torch always, FlashInfer never, Triton only under its interpreter (when installed).
+    # is_available is cached for the session's TRITON_INTERPRET: both settings go through the uncached function.
+    available = is_available.__wrapped__
+    for interpret in ("0", "1"):
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        assert available("torch", "cpu") and not available("flashinfer", "cpu")
+        assert available("triton", "cpu") == (interpret == "1" and HAS_TRITON)
+    assert available("torch", "cuda")

@@ -49,10 +49,19 @@ def test_in_place_equals_out_of_place():
 
 
 def test_merge_accepts_a_cpu_side_in_fp32_against_a_bf16_device_side():
-    o_a, lse_a = states(dtype=torch.bfloat16, seed=7)
-    o_b, lse_b = states(dtype=torch.float32, seed=8)
-    o, _ = kernels.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    """The engine merges the CPU worker's fp32 output into the device's bf16 one: the result is the
+    reference merge of those same inputs, rounded once to bf16, also where either side is empty."""
+    o_a, lse_a = states(dtype=torch.bfloat16, seed=7)  # device side
+    o_b, lse_b = states(dtype=torch.float32, seed=8)  # CPU side
+    lse_a[0] = float("-inf")  # row 0: the device side is empty
+    lse_b[1] = float("-inf")  # row 1: the CPU side is empty
+    o, lse = kernels.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    ref_o, ref_lse = reference.merge_states(o_a, lse_a, o_b, lse_b)
     assert o.dtype == torch.bfloat16
+    assert_close(o, ref_o, torch.bfloat16)
+    assert_close(lse, ref_lse, torch.bfloat16, lse=True)
+    assert torch.equal(o[0], o_b[0].to(torch.bfloat16)) and torch.equal(o[1], o_a[1])
+    assert torch.equal(lse[0], lse_b[0]) and torch.equal(lse[1], lse_a[1])
 
 
 def test_mismatched_shapes_are_refused():

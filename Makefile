@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test bench-quick bench bench-capacity demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-capacity demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,12 @@ $(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh scripts/s
 
 test: $(STAMP)
 	$(PY) -P -m pytest -q tests
+
+# Each patch in tests/mutants breaks one thing that matters (the CPU part not
+# merged, the window off by one, ...); the fast engine tests must fail on every
+# one. Runs on temporary copies; the checkout is never changed.
+mutants: $(STAMP)
+	$(PY) -P scripts/run_mutants.py
 
 bench-quick: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py --quick

@@ -50,14 +50,17 @@ def test_a_covering_budget_with_a_small_device_share_splits_the_work_and_still_e
     assert sum(t.totals().cpu_blocks for t in telemetry) > 20 * SHAPE.num_layers  # the CPU did much of the work
 
 
-def test_with_a_sparse_budget_hgca_and_infinigen_attend_exactly_the_quest_selection():
-    """Same selection (predicted == real query): quest, hgca and infinigen cover the same blocks."""
+def test_with_a_sparse_budget_every_offloading_mode_attends_exactly_the_quest_selection():
+    """Same selection (predicted == real query): quest, hgca, infinigen and scout without a resident
+    buffer cover the same blocks, scout's through the CPU part."""
     driver = make_driver([150, 90], steps=12, seed=1, predict_noise=0.0)
     quest, _ = run(driver, make_engine("quest", budget=48))
     hgca, _ = run(driver, make_engine("hgca", budget=48))
     infinigen, _ = run(driver, make_engine("infinigen", budget=48))
+    scout, _ = run(driver, make_engine("scout", budget=48, resident_blocks=0))  # all but the window on the CPU
     torch.testing.assert_close(hgca, quest, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(infinigen, quest, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(scout, quest, atol=2e-5, rtol=2e-5)
     assert (quest - driver.dense()).abs().max() > 1e-3  # the budget really is sparse
 
 

@@ -2,9 +2,12 @@
 
 Recall copies the most important non-resident selected blocks of a
 (request, layer, KV head) into its resident buffer, replacing empty slots
-first, then resident blocks outside the current selection, lowest score first.
-These functions update the resident map and issue the copies; when the copies
-are awaited is the engine's business (a side stream on CUDA).
+first (lowest slot first), then resident blocks outside the current selection,
+lowest score first, ties to the lower slot (lowest slot first when no scores
+are given, as at the first fill). These functions update the resident map and
+issue the copies; when the copies are awaited is the engine's business (a side
+stream on CUDA). The rules are written a second time, independently, in
+tests/oracle/policy.py: a change here must change that one too.
 """
 
 from __future__ import annotations

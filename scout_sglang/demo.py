@@ -112,7 +112,11 @@ def main(argv=None) -> int:
           f"predicted-query cosine {stats['predicted_query_cosine']}")
     memory = stats["memory"]
     print(f"KV memory (scout {memory['layout']} pool, 16384 logical tokens): {memory['device_bytes_allocated'] / 2**20:.2f} "
-          f"MiB on the {device} (digests, windows, resident buffers), {memory['host_bytes_allocated'] / 2**20:.2f} MiB "
+          f"MiB on the {device} ({memory['digest_bytes_allocated'] / 2**20:.2f} digests, "
+          f"{memory['window_and_resident_bytes_allocated'] / 2**20:.2f} windows and resident buffers, "
+          f"{memory['dense_layer_bytes_allocated'] / 2**20:.2f} dense layers {memory['dense_layers']}, "
+          f"{memory['sglang_pool_device_bytes'] / 2**20:.2f} SGLang's placeholder pool), "
+          f"{memory['host_bytes_allocated'] / 2**20:.2f} MiB "
           f"of K/V in host memory; full attention would keep {16384 * memory['token_bytes'] / 2**20:.2f} MiB "
           "on the device")
     print(json.dumps({"device": device, "requests_seconds": round(elapsed, 2), "answers": answers, "scout": stats}))

@@ -12,7 +12,7 @@ from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.env import PoolSettings, pool_settings_from_env
 from scout_sglang.sglang_adapter import memory_report
-from scout_sglang.sglang_adapter.kv_pool import logical_capacity, pool_layout, pool_problems
+from scout_sglang.sglang_adapter.kv_pool import check_device_memory, logical_capacity, pool_layout, pool_problems
 
 
 def args(backend="scout", prefill=None, decode=None, mode="null", radix_off=True, **extra):
@@ -66,16 +66,79 @@ def test_pool_settings_are_checked():
         pool_settings_from_env({"SCOUT_HOST_KV_GIB": "lots"})
 
 
-def test_device_bytes_per_request_and_layer_against_full_attention():
-    shape = ModelShape(num_layers=2, num_qo_heads=4, num_kv_heads=2, head_dim=16)
-    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
-                         dense_layers=(), cpu_groups=1)
-    engine = CoAttentionEngine(config, shape, dtype=torch.bfloat16, max_requests=2, max_tokens_per_request=64)
-    token = 2 * 2 * 16 * 2  # K and V, 2 heads of 16 dims, 2 bytes
-    per = memory_report.per_request_layer_bytes(engine, 4096)
-    assert per["full_attention"] == 4096 * token
-    assert per["digests"] == 4096 // 16 * token
-    assert per["window_and_resident"] == engine.offloaded.pages_per_request * 16 * token
-    assert per["device"] == per["digests"] + per["window_and_resident"] < per["full_attention"] / 5
+SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
+TOKEN = 2 * 2 * 16 * 2  # K and V of a token in a layer: 2 heads of 16 dims, 2 bytes
+
+
+def small_engine(dense_layers=(), mode="scout", total_pages=None):
+    config = ScoutConfig(mode=mode, block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
+                         dense_layers=dense_layers, cpu_groups=1)
+    return CoAttentionEngine(config, SHAPE, dtype=torch.bfloat16, max_requests=2, max_tokens_per_request=64,
+                             total_pages=total_pages, cpu_pool=object())  # no CPU work here: no threads
+
+
+def test_device_bytes_per_request_count_every_layer_against_full_attention():
+    per = memory_report.per_request_bytes(small_engine(), 4096)
+    off = per["offloaded_layer"]
+    assert per["full_attention"] == 3 * 4096 * TOKEN
+    assert off["digests"] == 4096 // 16 * TOKEN  # min and max of K per block: one token's K+V worth
+    assert off["window_and_resident"] == small_engine().offloaded.pages_per_request * 16 * TOKEN
+    assert per["dense_layer"] is None and per["device"] == 3 * off["device"] < per["full_attention"] / 5
+    dense = memory_report.per_request_bytes(small_engine(dense_layers=(0,)), 4096)
+    assert dense["dense_layer"] == 4096 * TOKEN  # every token of the request, in the dense layer
+    assert dense["device"] == 2 * off["device"] + 4096 * TOKEN
+
+
+def test_the_startup_message_counts_the_dense_layers_in_the_request_and_the_allocation():
+    engine = small_engine(dense_layers=(0,), total_pages=8192 // 16 + 2)
     message = memory_report.startup_message(engine, "logical", 8192, 4096, {"device": 0, "host": 0}, 2)
-    assert "a 4096-token request needs" in message and "full attention needs 512.0 KiB" in message
+    per = memory_report.per_request_bytes(engine, 4096)
+    assert f"a 4096-token request needs {per['device'] / 2**20:.2f} MiB of device memory over its 3 layers" in message
+    assert "in each of 1 dense layers [0] (every token)" in message and "full attention needs 1.50 MiB" in message
+    dense = (8192 + 2 * 16) * TOKEN
+    assert f"({dense / 2**20:.1f} MiB dense layers" in message
+
+
+@pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen", "quest", "full"])
+@pytest.mark.parametrize("dense_layers", [(), (0,), (0, 2)])
+def test_the_plan_is_what_the_engine_allocates(mode, dense_layers):
+    engine = small_engine(dense_layers, mode, total_pages=37)
+    plan = memory_report.planned_bytes(engine.config, num_layers=3, num_kv_heads=2, head_dim=16, itemsize=2,
+                                       total_pages=37, slots=2)
+    memory, parts = engine.memory(), memory_report.device_parts(engine)
+    assert {key: plan[key] for key in parts} == parts
+    assert plan["device_bytes_allocated"] == sum(parts.values()) == memory["device_bytes_allocated"]
+    assert plan["host_bytes_allocated"] == memory["host_bytes_allocated"]
+    assert plan["dense_layers"] == list(engine.full_layers)
+
+
+def test_a_dense_layer_adds_its_full_store_to_the_device_bytes():
+    """Offloaded, a layer costs digests and windows; dense, every token slot of the capacity."""
+    pages = 64
+    offloaded, dense = small_engine((), total_pages=pages), small_engine((0,), total_pages=pages)
+    per_layer = offloaded.memory()["device_bytes_allocated"] // 3  # every offloaded layer allocates the same
+    full_store = pages * 16 * TOKEN  # token slots x K and V of a token in a layer
+    assert dense.memory()["device_bytes_allocated"] == offloaded.memory()["device_bytes_allocated"] - per_layer + full_store
+    assert memory_report.device_parts(dense)["dense_layer_bytes_allocated"] == full_store
+
+
+def test_usage_reports_the_device_bytes_by_part():
+    engine = small_engine(dense_layers=(0,), total_pages=40)
+    pool = SimpleNamespace(k_buffer=[torch.zeros(8, 2, 16, dtype=torch.bfloat16)],
+                           v_buffer=[torch.zeros(8, 2, 16, dtype=torch.bfloat16)])
+    usage = memory_report.usage(engine, "logical", pool, slots=2)
+    assert usage["token_slots"] == 40 * 16 and usage["request_slots"] == 2
+    assert usage["dense_layer_bytes_allocated"] == usage["token_slots"] * TOKEN and usage["dense_layers"] == [0]
+    assert usage["sglang_pool_device_bytes"] == 2 * 8 * 2 * 16 * 2
+    parts = sum(usage[key] for key in memory_report.DEVICE_PARTS)
+    assert usage["device_bytes_allocated"] == parts + usage["sglang_pool_device_bytes"]
+
+
+def test_device_memory_that_cannot_hold_the_dense_layers_is_refused():
+    plan = memory_report.planned_bytes(ScoutConfig(dense_layers=(0,)), num_layers=36, num_kv_heads=8, head_dim=128,
+                                       itemsize=2, total_pages=2**20 // 32 + 64, slots=64)
+    assert plan["dense_layer_bytes_allocated"] == (2**20 + 64 * 32) * 4096  # 4 KiB per token: ~4 GiB at 1M tokens
+    check_device_memory(plan, 2**20, free_bytes=80 * 2**30)
+    with pytest.raises(RuntimeError, match=r"needs \d+\.\d+ GiB of device memory for 1048576 logical tokens "
+                                           r"\(4\.01 GiB of it for the dense layers \[0\].*SCOUT_DENSE_LAYERS="):
+        check_device_memory(plan, 2**20, free_bytes=6 * 2**30)

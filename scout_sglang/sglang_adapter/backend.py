@@ -23,11 +23,10 @@ import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.core.stores import ceil_div
 from scout_sglang.env import config_from_env, pool_settings_from_env
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
-from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_host_memory, pool_layout
+from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
@@ -104,10 +103,10 @@ class ScoutAttnBackend:
                                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
         max_requests = self.req_to_token_pool.size
         logical_tokens = model_runner.max_total_num_tokens
-        total_pages = ceil_div(logical_tokens, self.config.block_size) + max_requests
-        if self.layout == "stock":  # the scout pool checked its host memory when it was sized
-            check_host_memory(total_pages * self.config.block_size * pool.head_num * pool.head_dim * 2
-                              * pool.dtype.itemsize * self.shape.num_layers, logical_tokens)
+        total_pages = memory_report.engine_total_pages(logical_tokens, self.config.block_size, max_requests)
+        if self.layout == "stock":  # the scout pool checked the engine's memory when it was sized
+            check_engine_memory(plan_engine(pool, logical_tokens, max_requests, self.config), self.device,
+                                logical_tokens)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, total_pages=total_pages, track_changes=False)
         self.last_telemetry = None
@@ -212,7 +211,8 @@ class ScoutAttnBackend:
     def report(self) -> dict:
         """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
         report = self.stats.report(self.engine.usage())
-        report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool)
+        report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
+                                               self.req_to_token_pool.size)
         return report
 
     def release(self, req_pool_idx: int) -> None:

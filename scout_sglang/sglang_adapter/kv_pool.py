@@ -18,6 +18,11 @@ Layouts, chosen from the server's arguments:
            memory pool of L tokens, where transfers land and prefill writes;
            a request's K/V moves into the engine at its first decode.
 SCOUT_KV_POOL=stock keeps SGLang's own device pool (every token on the device).
+
+Before SGLang goes on, the engine's stores for L are planned
+(memory_report.planned_bytes), logged, and checked against the free memory:
+the host store of the offloaded layers, and on the device the digests, the
+request windows and the dense layers, which hold every one of the L tokens.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from __future__ import annotations
 import logging
 import os
 
-from scout_sglang.env import PoolSettings, pool_settings_from_env
+from scout_sglang.env import PoolSettings, config_from_env, pool_settings_from_env
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 DEFAULT_MAX_REQUESTS = 64  # request slots when --max-running-requests is not given
 LAYOUT_ATTRIBUTE = "scout_layout"  # set on the pool SGLang keeps: "logical" or "arrival"
+GIB = 2**30
 
 
 def selected_backends(server_args) -> tuple[str, str]:
@@ -89,13 +95,49 @@ def logical_capacity(max_total_tokens: int | None, settings: PoolSettings, token
     return tokens
 
 
-def check_host_memory(host_bytes: int, tokens: int) -> None:
+def check_host_memory(host_bytes: int, tokens: int, what: str = "the scout host store") -> None:
     """Refuse to start when the host store would not fit in the memory available now."""
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if host_bytes > 0.9 * available:
         raise RuntimeError(
-            f"the scout host store for {tokens} tokens needs {host_bytes / 2**30:.1f} GiB of host memory, but only "
-            f"{available / 2**30:.1f} GiB is available: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)")
+            f"{what} for {tokens} tokens needs {host_bytes / GIB:.1f} GiB of host memory, but only "
+            f"{available / GIB:.1f} GiB is available: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)")
+
+
+def check_device_memory(plan: dict, tokens: int, free_bytes: int) -> None:
+    """Refuse to start when the engine's device part (digests, windows, dense layers) would not fit."""
+    needed = plan["device_bytes_allocated"]
+    if needed > 0.9 * free_bytes:
+        dense = plan["dense_layer_bytes_allocated"]
+        raise RuntimeError(
+            f"the scout engine needs {needed / GIB:.2f} GiB of device memory for {tokens} logical tokens "
+            f"({dense / GIB:.2f} GiB of it for the dense layers {plan['dense_layers']}, which keep every token on the "
+            f"device), but only {free_bytes / GIB:.2f} GiB is free: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)"
+            + (" or offload every layer (SCOUT_DENSE_LAYERS=)" if dense else ""))
+
+
+def check_engine_memory(plan: dict, device, tokens: int, extra_host_bytes: int = 0) -> None:
+    """The engine's stores (and `extra_host_bytes`, an arrival pool) against the memory free now. On a CPU
+    server the device part is host memory too."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        check_host_memory(plan["host_bytes_allocated"] + extra_host_bytes, tokens)
+        check_device_memory(plan, tokens, torch.cuda.mem_get_info(torch.device(device))[0])
+    else:
+        check_host_memory(plan["host_bytes_allocated"] + plan["device_bytes_allocated"] + extra_host_bytes, tokens,
+                          "the scout engine (host store and, on this CPU device, its device part)")
+
+
+def plan_engine(pool, tokens: int, slots: int, config=None) -> dict:
+    """The engine's bytes for a logical capacity, from the configuration (default: SCOUT_*) and SGLang's pool
+    geometry."""
+    from scout_sglang.sglang_adapter.memory_report import engine_total_pages, planned_bytes  # imports the engine
+
+    config = config or config_from_env()
+    return planned_bytes(config, num_layers=pool.layer_num, num_kv_heads=pool.head_num, head_dim=pool.head_dim,
+                         itemsize=pool.dtype.itemsize,
+                         total_pages=engine_total_pages(tokens, config.block_size, slots), slots=slots)
 
 
 def configure_around(original, configurator, *args, **kwargs):
@@ -120,16 +162,24 @@ def configure_around(original, configurator, *args, **kwargs):
     pool = result.token_to_kv_pool
     token_bytes = host_bytes_per_token(pool)
     logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size)
-    copies = 2 if layout == "arrival" else 1  # the arrival pool and the engine's paged store
-    check_host_memory(copies * logical * token_bytes, logical)
+    slots = result.req_to_token_pool.size  # the engine's request slots (the backend sizes it the same way)
+    plan = plan_engine(pool, logical, slots)
+    arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # a second host copy, where K/V lands
+    check_engine_memory(plan, configurator.device, logical, arrival_bytes)
     if layout == "arrival":
         pool = host_pool_like(pool, logical)
     setattr(pool, LAYOUT_ATTRIBUTE, layout)
     allocator = allocator_over(logical, page_size, configurator.kv_cache_dtype, configurator.device, pool,
                                getattr(result.token_to_kv_pool_allocator, "need_sort", False))
-    logger.info("scout KV pool (%s): logical capacity %d tokens (%.2f GiB of K/V in host memory), %d request "
-                "slots; SGLang's device pool: %s", layout, logical, logical * token_bytes / 2**30,
-                result.max_running_requests,
+    from scout_sglang.sglang_adapter.memory_report import size_text
+
+    logger.info("scout KV pool (%s): logical capacity %d tokens, %d request slots. Host memory: %s of K/V (the "
+                "engine's store of the offloaded layers%s). Device: %s for the engine (%s dense layers %s, %s digests, "
+                "%s windows and resident buffers); SGLang's device pool: %s", layout, logical, slots,
+                size_text(plan["host_bytes_allocated"] + arrival_bytes), ", and the arrival pool" if arrival_bytes else "",
+                size_text(plan["device_bytes_allocated"]), size_text(plan["dense_layer_bytes_allocated"]),
+                plan["dense_layers"], size_text(plan["digest_bytes_allocated"]),
+                size_text(plan["window_and_resident_bytes_allocated"]),
                 "none (a host pool receives the K/V)" if layout == "arrival" else f"{placeholder}-token placeholder")
     return msgspec.structs.replace(result, max_total_num_tokens=logical, token_to_kv_pool=pool,
                                    token_to_kv_pool_allocator=allocator)

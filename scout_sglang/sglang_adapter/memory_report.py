@@ -1,21 +1,84 @@
-"""Where the K/V bytes are: the startup comparison with full attention and the live usage.
+"""Where the K/V bytes are: the plan checked before the engine exists, the start-up
+comparison with full attention, and the live usage.
 
-Device bytes are what the engine allocated on the device (digests, window and
-resident pages, or the full store of dense layers) plus SGLang's own pool when
-it lives on the device; host bytes are the engine's host store plus the
-arrival pool of a PD decode instance.
+Device bytes are what the engine allocates on the device, in three parts, plus
+SGLang's own pool when it lives on the device:
+  digests              min/max of K for every full block of the logical capacity
+                       (offloaded layers; quest's device-full layers too)
+  window_and_resident  per request slot and offloaded layer: sink, last full
+                       blocks, the partial tail and the resident buffer
+  dense_layer          layers that keep every token on the device (dense_layers,
+                       or every layer in modes full and quest), for the whole
+                       logical capacity
+Host bytes are the engine's host store (offloaded layers) plus the arrival pool
+of a PD decode instance.
 """
 
 from __future__ import annotations
 
+from scout_sglang.core.engine import CPU_MODES, RESIDENT_MODES
 from scout_sglang.core.stores import ceil_div
 
 MIB = 2**20
+GIB = 2**30
+DEVICE_PARTS = ("digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated")
+
+
+def size_text(num_bytes: float) -> str:
+    """Bytes for a log line: GiB from 1 GiB, else MiB."""
+    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / MIB:.1f} MiB"
+
+
+def engine_total_pages(logical_tokens: int, block_size: int, slots: int) -> int:
+    """Pages of the engine's stores for a logical capacity: its full blocks plus a partial block per request slot."""
+    return ceil_div(logical_tokens, block_size) + slots
+
+
+def layer_split(config, num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offloaded layers, layers that keep every token on the device), as CoAttentionEngine splits them."""
+    offloads = config.mode in RESIDENT_MODES + CPU_MODES
+    offloaded = tuple(l for l in range(num_layers) if offloads and l not in config.dense_layers)
+    return offloaded, tuple(l for l in range(num_layers) if l not in offloaded)
+
+
+def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int, total_pages: int,
+                  slots: int) -> dict:
+    """What CoAttentionEngine(config, ...) allocates for `total_pages` pages and `slots` requests, before it is
+    built: the start-up checks need it while SGLang sizes its pools. Equal to device_parts() and the host
+    store of the built engine (tested)."""
+    offloaded, full = layer_split(config, num_layers)
+    block = config.block_size
+    page = 2 * num_kv_heads * block * head_dim * itemsize  # K and V of one block
+    digest_row = 2 * num_kv_heads * head_dim * itemsize  # min and max of one block
+    resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
+    window_pages = slots * (config.sink_blocks + config.local_blocks + 1 + resident)
+    quest_digests = len(full) * total_pages * digest_row if config.mode == "quest" else 0
+    parts = {
+        "digest_bytes_allocated": len(offloaded) * total_pages * digest_row + quest_digests,
+        "window_and_resident_bytes_allocated": len(offloaded) * window_pages * page,
+        "dense_layer_bytes_allocated": len(full) * total_pages * page,
+    }
+    return {**parts, "device_bytes_allocated": sum(parts.values()),
+            "host_bytes_allocated": len(offloaded) * total_pages * page, "dense_layers": list(full)}
+
+
+def device_parts(engine) -> dict:
+    """Device bytes the built engine allocated, by part (they add up to engine.memory()'s device bytes)."""
+    full, off = engine.full_store, engine.offloaded
+    return {
+        "digest_bytes_allocated": _nbytes(off.digest_min, off.digest_max, full.digest_min, full.digest_max),
+        "window_and_resident_bytes_allocated": _nbytes(off.dev_k, off.dev_v),
+        "dense_layer_bytes_allocated": _nbytes(full.k, full.v),
+    }
 
 
 def _pool_bytes(pool) -> int:
     buffers = list(getattr(pool, "k_buffer", None) or []) + list(getattr(pool, "v_buffer", None) or [])
     return sum(b.numel() * b.element_size() for b in buffers)
+
+
+def _nbytes(*stores: dict) -> int:
+    return sum(t.numel() * t.element_size() for store in stores for t in store.values())
 
 
 def sglang_pool_bytes(pool, layout: str) -> dict:
@@ -29,45 +92,66 @@ def token_bytes_per_layer(engine) -> int:
     return 2 * engine.shape.num_kv_heads * engine.shape.head_dim * engine.dtype.itemsize
 
 
-def per_request_layer_bytes(engine, context: int) -> dict:
-    """Device bytes one request of `context` tokens needs in one offloaded layer, next to full attention."""
+def per_request_bytes(engine, context: int) -> dict:
+    """Device bytes one request of `context` tokens needs, per layer of each kind and over all layers,
+    next to full attention."""
     token, block = token_bytes_per_layer(engine), engine.block_size
-    digests = ceil_div(context, block) * token  # min and max of K: one token's K+V worth per block
-    full = context * token
-    if not engine.offloaded_layers:  # full / quest: every block on the device
-        device = ceil_div(context, block) * block * token + (digests if engine.config.mode == "quest" else 0)
-        return {"context": context, "device": device, "window_and_resident": 0, "digests": digests, "full_attention": full}
-    window = engine.offloaded.pages_per_request * block * token
-    return {"context": context, "device": window + digests, "window_and_resident": window, "digests": digests,
-            "full_attention": full}
+    blocks = ceil_div(context, block)
+    digests = blocks * 2 * engine.shape.num_kv_heads * engine.shape.head_dim * engine.dtype.itemsize
+    dense = blocks * block * token + (digests if engine.config.mode == "quest" else 0)
+    window = engine.offloaded.pages_per_request * block * token if engine.offloaded_layers else 0
+    offloaded = {"window_and_resident": window, "digests": digests, "device": window + digests}
+    num_offloaded, num_dense = len(engine.offloaded_layers), len(engine.full_layers)
+    return {"context": context, "offloaded_layers": num_offloaded, "dense_layers": num_dense,
+            "offloaded_layer": offloaded if num_offloaded else None, "dense_layer": dense if num_dense else None,
+            "device": num_offloaded * offloaded["device"] + num_dense * dense,
+            "full_attention": context * token * engine.shape.num_layers}
 
 
 def startup_message(engine, layout: str, logical_tokens: int, context: int, sglang_pool: dict, slots: int) -> str:
-    per = per_request_layer_bytes(engine, context)
-    memory = engine.memory()
+    per = per_request_bytes(engine, context)
+    memory, parts = engine.memory(), device_parts(engine)
     device = memory["device_bytes_allocated"] + sglang_pool["device"]
     full = logical_tokens * token_bytes_per_layer(engine) * engine.shape.num_layers
-    dense = (f"; {len(engine.full_layers)} dense layer(s) keep every token on the device"
-             if engine.offloaded_layers and engine.full_layers else "")
-    return (f"scout memory ({layout} KV pool): a {context}-token request needs {per['device'] / 1024:.1f} KiB of "
-            f"device memory per layer ({per['window_and_resident'] / 1024:.1f} KiB window + resident, "
-            f"{per['digests'] / 1024:.1f} KiB digests) where full attention needs {per['full_attention'] / 1024:.1f} "
-            f"KiB ({per['full_attention'] / max(1, per['device']):.1f}x){dense}. Device K/V allocated: "
-            f"{device / MIB:.1f} MiB for {slots} request slots and {logical_tokens} tokens (full attention: {full / MIB:.1f} MiB); host K/V: "
+    kinds = []
+    if per["offloaded_layer"]:
+        off = per["offloaded_layer"]
+        kinds.append(f"{off['device'] / 1024:.1f} KiB in each of {per['offloaded_layers']} offloaded layers "
+                     f"({off['window_and_resident'] / 1024:.1f} KiB window + resident, {off['digests'] / 1024:.1f} "
+                     "KiB digests)")
+    if per["dense_layer"]:
+        kinds.append(f"{per['dense_layer'] / 1024:.1f} KiB in each of {per['dense_layers']} dense layers "
+                     f"{list(engine.full_layers)} (every token)")
+    return (f"scout memory ({layout} KV pool): a {context}-token request needs {per['device'] / MIB:.2f} MiB of "
+            f"device memory over its {engine.shape.num_layers} layers: {'; '.join(kinds)}; full attention needs "
+            f"{per['full_attention'] / MIB:.2f} MiB ({per['full_attention'] / max(1, per['device']):.1f}x). Device "
+            f"K/V allocated: {device / MIB:.1f} MiB for {slots} request slots and {logical_tokens} tokens "
+            f"({parts['dense_layer_bytes_allocated'] / MIB:.1f} MiB dense layers, "
+            f"{parts['digest_bytes_allocated'] / MIB:.1f} MiB digests, "
+            f"{parts['window_and_resident_bytes_allocated'] / MIB:.1f} MiB windows and resident buffers, "
+            f"{sglang_pool['device'] / MIB:.1f} MiB SGLang's pool; full attention: {full / MIB:.1f} MiB); host K/V: "
             f"{(memory['host_bytes_allocated'] + sglang_pool['host']) / MIB:.1f} MiB")
 
 
-def usage(engine, layout: str, pool) -> dict:
-    """Live usage in tokens and bytes (the "memory" entry of the statistics and the metrics)."""
+def usage(engine, layout: str, pool, slots: int | None = None) -> dict:
+    """Live usage in tokens and bytes (the "memory" entry of the statistics and the metrics); `slots`: the
+    engine's request slots."""
     memory, sglang = engine.memory(), sglang_pool_bytes(pool, layout)
     block = engine.block_size
     tokens = memory["tokens"]
     return {
         "layout": layout,
         "tokens": tokens,
+        "request_slots": slots,
+        # What the stores are sized for: the logical capacity plus a partial block per request slot. Digests
+        # cover these token slots in every offloaded layer, and each dense layer holds K and V for all of them.
+        "token_slots": engine.full_store.pages.num_pages * block,
         "device_token_slots_used": (engine.offloaded.device_pages.num_used + engine.full_store.pages.num_used) * block,
         "device_bytes_used": memory["device_bytes_used"] + sglang["device"],
         "device_bytes_allocated": memory["device_bytes_allocated"] + sglang["device"],
+        **device_parts(engine),  # the engine's part of device_bytes_allocated, by what it holds
+        "sglang_pool_device_bytes": sglang["device"],
+        "dense_layers": list(engine.full_layers),
         "host_bytes_used": memory["host_bytes_used"],
         "host_bytes_allocated": memory["host_bytes_allocated"] + sglang["host"],
         "full_attention_bytes": tokens * token_bytes_per_layer(engine) * engine.shape.num_layers,

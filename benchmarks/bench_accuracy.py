@@ -10,6 +10,7 @@ cost of predicted queries on the CPU part).
 
     python -P benchmarks/bench_accuracy.py            # full run (several minutes)
     python -P benchmarks/bench_accuracy.py --quick    # < 1 minute, one budget and context, JSON line last
+    python -P benchmarks/bench_accuracy.py --quick --dense-layers 0   # the same with layer 0 kept dense
 
 The bundled model reaches 95% with full attention at 2048 tokens (see its
 training_report.json), so the default contexts are 1024 and 2048 and the
@@ -32,20 +33,23 @@ def log(message: str) -> None:
     print(f"[accuracy] {message}", file=sys.stderr, flush=True)
 
 
-def server_env(mode: str, budget: int) -> dict:
+def server_env(mode: str, budget: int, dense_layers: str | None = None) -> dict:
     """The settings of one (mode, budget): the tiny preset (blocks of 16, one sink and one local block,
-    layer 0 dense, adaptive recall) with the mode and budget."""
-    return {"SCOUT_CONFIG": "tiny", "SCOUT_MODE": mode, "SCOUT_TOKEN_BUDGET": str(budget), "SCOUT_CPU_GROUPS": "1"}
+    adaptive recall) with the mode and budget; `dense_layers` ("0", "" for none) overrides the preset's."""
+    env = {"SCOUT_CONFIG": "tiny", "SCOUT_MODE": mode, "SCOUT_TOKEN_BUDGET": str(budget), "SCOUT_CPU_GROUPS": "1"}
+    if dense_layers is not None:
+        env["SCOUT_DENSE_LAYERS"] = dense_layers
+    return env
 
 
-def engine_config(mode: str, budget: int):
+def engine_config(mode: str, budget: int, dense_layers: str | None = None):
     """The same settings for the reference decoder, read the way the server reads them."""
     from scout_sglang.env import config_from_env
 
-    return config_from_env(server_env(mode, budget))
+    return config_from_env(server_env(mode, budget, dense_layers))
 
 
-def run_engine(model, contexts, budgets, samples_per_context) -> list[dict]:
+def run_engine(model, contexts, budgets, samples_per_context, dense_layers=None) -> list[dict]:
     from scout_sglang.retrieval.evaluate import engine_run, held_out
 
     rows = []
@@ -58,7 +62,7 @@ def run_engine(model, contexts, budgets, samples_per_context) -> list[dict]:
                     rows.append(dict(full, budget=budget))
                     continue
                 start = time.perf_counter()
-                correct, cosines = engine_run(model, samples, engine_config(mode, budget))
+                correct, cosines = engine_run(model, samples, engine_config(mode, budget, dense_layers))
                 accuracy = sum(correct) / len(correct)
                 rows.append({"path": "engine", "mode": mode, "context": context, "budget": budget,
                              "accuracy": accuracy, "samples": len(samples)})
@@ -70,7 +74,7 @@ def run_engine(model, contexts, budgets, samples_per_context) -> list[dict]:
     return rows
 
 
-def run_server(model_dir, contexts, budget_for, samples_per_context, log_dir: Path) -> list[dict]:
+def run_server(model_dir, contexts, budget_for, samples_per_context, log_dir: Path, dense_layers=None) -> list[dict]:
     from scout_sglang.retrieval.evaluate import held_out, server_accuracy
     from scout_sglang.server.launch import launched_server
 
@@ -81,7 +85,7 @@ def run_server(model_dir, contexts, budget_for, samples_per_context, log_dir: Pa
     for mode in MODES:
         for context in contexts:
             budget = budget_for(context)
-            with launched_server(model_dir, *args, env=server_env(mode, budget),
+            with launched_server(model_dir, *args, env=server_env(mode, budget, dense_layers),
                                  log_path=log_dir / f"server-{mode}-{context}.log") as base:
                 accuracy = server_accuracy(base, held_out(samples_per_context, context))
             rows.append({"path": "server", "mode": mode, "context": context, "budget": budget,
@@ -103,7 +107,7 @@ def scout_drops(rows) -> list[dict]:
 
 def markdown(rows, drops, meta) -> str:
     lines = [f"# Retrieval accuracy ({meta['model']}, {meta['samples']} held-out sequences per context, "
-             f"8 needles, {meta['device']})", "",
+             f"8 needles, {meta['device']}, dense layers {meta.get('dense_layers', [0])})", "",
              "| path | context | budget | " + " | ".join(MODES) + " |", "|---|---:|---:|" + "---:|" * len(MODES)]
     keys = sorted({(r["path"], r["context"], r["budget"]) for r in rows})
     table = {(r["path"], r["context"], r["budget"], r["mode"]): r["accuracy"] for r in rows}
@@ -169,6 +173,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-server", action="store_true", help="skip the SGLang server path")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the bundled one)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--dense-layers", default=None, metavar="LIST",
+                        help="layers kept dense, as SCOUT_DENSE_LAYERS ('0', '' for none; default: the preset's)")
     args = parser.parse_args(argv)
 
     import torch
@@ -179,16 +185,18 @@ def main(argv=None) -> int:
     if args.quick:
         args.contexts, args.budgets, args.samples, args.no_server = [2048], [256], 128, True
     model = load_model(model_dir)
-    log(f"model {model_dir}; contexts {args.contexts}, budgets {args.budgets}, {args.samples} sequences each")
-    rows = run_engine(model, args.contexts, args.budgets, args.samples)
+    dense_layers = list(engine_config("scout", args.budgets[0], args.dense_layers).dense_layers)
+    log(f"model {model_dir}; contexts {args.contexts}, budgets {args.budgets}, {args.samples} sequences each, "
+        f"dense layers {dense_layers}")
+    rows = run_engine(model, args.contexts, args.budgets, args.samples, args.dense_layers)
     if not args.no_server:
         rows += run_server(model_dir, args.contexts, lambda context: context // 8, args.samples,
-                           args.out / "server-logs")
+                           args.out / "server-logs", args.dense_layers)
     drops = scout_drops(rows)
     meta = {"model": model_dir.name, "samples": args.samples, "device": "cpu (engine and server)",
-            "torch": torch.__version__}
+            "dense_layers": dense_layers, "torch": torch.__version__}
     if args.quick:
-        print(json.dumps({"context": args.contexts[0], "budget": args.budgets[0],
+        print(json.dumps({"context": args.contexts[0], "budget": args.budgets[0], "dense_layers": dense_layers,
                           "accuracy": {r["mode"]: r["accuracy"] for r in rows}, **drops[0]}))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,9 @@ class ScoutConfig:
     resident_blocks: int | None = None  # device buffer per (request, layer, KV head); None: topk_blocks
     sink_blocks: int = 1  # first blocks, always attended and resident
     local_blocks: int = 2  # last full blocks, always attended and resident (plus the partial tail)
-    dense_layers: tuple[int, ...] = (0,)  # layers decoded with dense attention on the device
+    # Layers decoded with dense attention on the device, every token of the capacity held there. Layer 0 by
+    # default: offloading it cost accuracy and a same-layer CPU wait (configs/default.yaml says by how much).
+    dense_layers: tuple[int, ...] = (0,)
     max_cpu_blocks: int | None = None  # CPU list capacity per (request, KV head); None: topk_blocks
     recall_policy: str = "adaptive"  # one of RECALL_POLICIES
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given

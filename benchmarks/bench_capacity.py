@@ -1,17 +1,19 @@
 """Decode capacity at one device KV budget: the scout KV pool against SGLang's stock pool.
 
 Both servers get the same device memory for K/V: the stock server (torch_native
-on the CPU, triton on a GPU) a pool of --budget token slots; the scout server a
-logical capacity of --logical-factor x budget tokens in host memory, while what
-it holds on the device (digests, windows, resident buffers, its placeholder
-pool) is checked to fit the same budget in bytes. SGLang's own
+on the CPU, triton on a GPU) a pool of --budget token slots; the scout server,
+with the shipped preset (--scout-config), the largest logical capacity (host
+memory) whose device part fits the same bytes by the plugin's own capacity
+model (memory_report.planned_bytes): digests, windows, resident buffers, the
+full K/V of its dense layers and its placeholder pool. The device bytes the
+scout server then reports are checked against the budget. SGLang's own
 `python -m sglang.bench_serving` (random token ids, fixed input and output
 lengths, all requests at once) measures both; the peak number of requests
 decoded together comes from the servers' decode log lines.
 
 Writes benchmarks/results/capacity.{json,md,png}:
 
-    python -P benchmarks/bench_capacity.py                 # CPU default: budget 4096, 9 x 4032-token requests
+    python -P benchmarks/bench_capacity.py                 # CPU default: 36 layers, budget 4096, 9 x 4032-token requests
     python -P benchmarks/bench_capacity.py --device cuda --model-path DIR --input-len 32000 ...
 """
 
@@ -29,6 +31,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STOCK_BACKEND = {"cpu": "torch_native", "cuda": "triton"}
+DEVICE_PARTS = ("digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated",
+                "sglang_pool_device_bytes")  # scout's device bytes, by what they hold (they add up)
 
 
 def log(message: str) -> None:
@@ -40,8 +44,30 @@ def server_args(kind: str, args) -> tuple[list[str], dict]:
               "--context-length", str(args.input_len + args.output_len + 64), "--decode-log-interval", "1"]
     if kind == "stock":
         return ["--attention-backend", STOCK_BACKEND[args.device], "--max-total-tokens", str(args.budget), *common], {}
-    env = {"SCOUT_CONFIG": args.scout_config, "SCOUT_DENSE_LAYERS": ""}
+    env = {"SCOUT_CONFIG": args.scout_config}  # the preset as shipped: its dense layers count against the budget
     return ["--attention-backend", "scout", "--max-total-tokens", str(args.logical_tokens), *common], env
+
+
+def fitting_capacity(budget_bytes: int, config, *, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
+                     slots: int) -> int:
+    """The largest logical capacity, in whole blocks, whose device bytes fit the budget: the engine's (planned,
+    dense layers included) plus SGLang's placeholder pool of 2 tokens per request slot, and the one padding token
+    that SGLang's pools add (page size 1 here)."""
+    from scout_sglang.sglang_adapter.memory_report import engine_total_pages, planned_bytes
+
+    def device(tokens: int) -> int:
+        plan = planned_bytes(config, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                             itemsize=itemsize, total_pages=engine_total_pages(tokens, config.block_size, slots),
+                             slots=slots)
+        return plan["device_bytes_allocated"] + (2 * slots + 1) * 2 * num_kv_heads * head_dim * itemsize * num_layers
+
+    per_block = device(config.block_size) - device(0)  # device bytes are linear in the capacity's blocks
+    blocks = max(0, (budget_bytes - device(0)) // per_block)
+    tokens = blocks * config.block_size
+    if not device(tokens) <= budget_bytes < device(tokens + config.block_size):
+        raise RuntimeError(f"capacity model not linear: {tokens} tokens need {device(tokens)} device bytes, one more "
+                           f"block {device(tokens + config.block_size)}; expected the budget {budget_bytes} between")
+    return tokens
 
 
 def bench_serving(base: str, model_path: str, args, output: Path) -> dict:
@@ -99,6 +125,8 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
     }
     if stats is not None:
         row["device_kv_bytes_allocated"] = stats["memory"]["device_bytes_allocated"]
+        row["device_kv_parts"] = {key: stats["memory"][key] for key in DEVICE_PARTS}
+        row["dense_layers"] = stats["memory"]["dense_layers"]
         row["host_kv_bytes_allocated"] = stats["memory"]["host_bytes_allocated"]
         row["scout_max_batch_size"] = stats["max_batch_size"]
         row["cpu_ratio"] = stats["cpu_ratio"]
@@ -110,7 +138,8 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
 def write_results(rows: list[dict], args, token_bytes: int) -> dict:
     stock, scout = rows
     summary = {
-        "device": args.device, "budget_tokens": args.budget, "budget_bytes": args.budget * token_bytes,
+        "device": args.device, "num_layers": args.num_layers, "scout_config": args.scout_config,
+        "budget_tokens": args.budget, "budget_bytes": args.budget * token_bytes, "logical_tokens": args.logical_tokens,
         "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
         "total_context": args.num_prompts * (args.input_len + args.output_len),
         "peak_concurrency_ratio": round(scout["peak_running_requests"] / max(1, stock["peak_running_requests"]), 2),
@@ -122,7 +151,10 @@ def write_results(rows: list[dict], args, token_bytes: int) -> dict:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "capacity.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"# Decode capacity at one device KV budget ({args.device})", "",
-             f"Device K/V budget: {args.budget} token slots ({args.budget * token_bytes / 2**20:.1f} MiB). "
+             f"Model: a random-weight Llama of {args.num_layers} layers (2 KV heads of 16 dims, {args.dtype}) unless "
+             f"--model-path was given. Device K/V budget: {args.budget} token slots "
+             f"({args.budget * token_bytes / 2**20:.1f} MiB); scout's logical capacity: {args.logical_tokens} tokens "
+             f"({args.logical_tokens / args.budget:.1f}x). "
              f"{args.num_prompts} requests of {args.input_len} input + {args.output_len} output tokens "
              f"({summary['total_context']} tokens of context, {summary['total_context'] / args.budget:.1f}x the "
              "budget), sent at once by `python -m sglang.bench_serving` (random-ids).", "",
@@ -133,6 +165,10 @@ def write_results(rows: list[dict], args, token_bytes: int) -> dict:
                      f"{row.get('device_kv_bytes_allocated', 0) / 2**20:.2f} | {row['peak_running_requests']} | "
                      f"{row['request_throughput']:.3f} | {row['output_throughput']:.1f} | "
                      f"{row['mean_e2e_latency_ms'] / 1e3:.1f} |")
+    parts = scout["device_kv_parts"]
+    lines += ["", f"Scout's device K/V, by part ({args.scout_config} preset, dense layers {scout['dense_layers']}): "
+              + ", ".join(f"{key.replace('_bytes_allocated', '').replace('_bytes', '').replace('_', ' ')} "
+                          f"{value / 2**20:.2f} MiB" for key, value in parts.items()) + "."]
     lines += ["", f"Scout / stock: peak concurrency {summary['peak_concurrency_ratio']}x, request throughput "
               f"{summary['request_throughput_ratio']}x, output tokens/s {summary['output_throughput_ratio']}x. "
               f"Scout's device K/V within the budget: {summary['scout_device_bytes_within_budget']}."]
@@ -174,7 +210,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--budget", type=int, default=4096, help="device K/V token slots of the stock server")
-    parser.add_argument("--logical-tokens", type=int, default=36 * 1024, help="scout's logical capacity (host)")
+    parser.add_argument("--logical-tokens", type=int, default=None,
+                        help="scout's logical capacity (host); default: the largest whose device part fits the budget")
+    parser.add_argument("--num-layers", type=int, default=36,
+                        help="layers of the built tiny Llama: Qwen3-8B's 36 by default, so that a dense layer weighs "
+                             "in the device bytes what it weighs there")
     parser.add_argument("--input-len", type=int, default=4000, help="each request fits the stock pool alone")
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--num-prompts", type=int, default=9)
@@ -187,15 +227,25 @@ def main(argv=None) -> int:
         if model_path is None:
             from scout_sglang.hf.tiny_models import save_tiny_model
 
-            model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=4, hidden=64, num_heads=4,
-                                             num_kv_heads=2, head_dim=16, max_positions=16384))
+            model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=args.num_layers, hidden=64,
+                                             num_heads=4, num_kv_heads=2, head_dim=16, max_positions=16384))
         from transformers import AutoConfig
+
+        from scout_sglang.env import config_from_env
 
         config = AutoConfig.from_pretrained(model_path)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         itemsize = 4 if args.dtype == "float32" else 2
         token_bytes = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * itemsize
         args.token_bytes = token_bytes
+        args.num_layers = config.num_hidden_layers
+        if args.logical_tokens is None:
+            args.logical_tokens = fitting_capacity(
+                args.budget * token_bytes, config_from_env({"SCOUT_CONFIG": args.scout_config}),
+                num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
+                itemsize=itemsize, slots=args.num_prompts)
+            log(f"scout's logical capacity: {args.logical_tokens} tokens ({args.logical_tokens / args.budget:.1f}x "
+                f"the budget), the most whose device part fits {args.budget * token_bytes / 2**20:.1f} MiB")
         rows = [run_server(kind, model_path, args, workdir) for kind in ("stock", "scout")]
         for row in rows:
             log(json.dumps(row))

@@ -37,4 +37,25 @@ def test_both_servers_get_the_same_limits_and_only_scout_a_logical_capacity():
     assert stock[:4] == ["--attention-backend", "torch_native", "--max-total-tokens", "4096"] and stock_env == {}
     assert scout[:4] == ["--attention-backend", "scout", "--max-total-tokens", "36864"]
     assert stock[4:] == scout[4:]  # same dtype, request slots, radix cache off, context length
-    assert scout_env["SCOUT_DENSE_LAYERS"] == ""  # no layer keeps every token on the device
+    assert scout_env == {"SCOUT_CONFIG": "tiny"}  # the preset as shipped, dense layers and all
+
+
+def test_scout_gets_the_largest_capacity_whose_device_part_fits_the_budget():
+    from scout_sglang.env import config_from_env
+    from scout_sglang.sglang_adapter.memory_report import engine_total_pages, planned_bytes
+
+    layer_token = 2 * 2 * 16 * 4  # K and V of a token in a layer: 2 heads of 16 dims, fp32
+    shape = dict(num_layers=4, num_kv_heads=2, head_dim=16, itemsize=4)
+    budget = 4096 * 4 * layer_token
+    capacity = {}
+    for dense in ("0", ""):
+        config = config_from_env({"SCOUT_CONFIG": "tiny", "SCOUT_DENSE_LAYERS": dense})
+        tokens = bench.fitting_capacity(budget, config, slots=8, **shape)
+        assert tokens % config.block_size == 0
+        plan = planned_bytes(config, total_pages=engine_total_pages(tokens, config.block_size, 8), slots=8, **shape)
+        placeholder = (2 * 8 + 1) * 4 * layer_token  # SGLang's pool: 2 tokens per request slot and padding
+        assert plan["device_bytes_allocated"] + placeholder <= budget
+        capacity[dense] = tokens
+    # One of four layers dense: a logical token costs that layer's K/V (256 B) plus 3 layers' digests (48 B).
+    assert 2 * 4096 < capacity["0"] < 4096 * 1024 // 304
+    assert capacity[""] > 3 * capacity["0"]  # all offloaded: 64 B of digests per token

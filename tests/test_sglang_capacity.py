@@ -1,8 +1,11 @@
-"""The scout KV pool through the real SGLang server: a decode batch whose
-context is 8x the device KV budget a stock server would get, all outputs equal
-to the reference decoder; a full host store makes requests wait, not fail; a
-request that can never fit is refused with a clear error; the usage and the
-co-attention statistics appear on the Prometheus endpoint."""
+"""The scout KV pool through the real SGLang server, with the shipped tiny
+preset: a decode batch whose context is twice the device KV budget a stock
+server would get, all outputs equal to the reference decoder, with every device
+byte the engine allocates (the dense layer's full K/V included) counted against
+that budget; a dense layer's full store shows up exactly in the reported device
+bytes; a full host store makes requests wait, not fail; a request that can
+never fit is refused with a clear error; the usage and the co-attention
+statistics appear on the Prometheus endpoint."""
 
 import concurrent.futures
 import re
@@ -18,15 +21,18 @@ from scout_sglang.server.client import generate, scout_stats
 from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
-SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1", "SCOUT_DENSE_LAYERS": ""}
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
 VOCAB = 263
 DEVICE_BUDGET = 4096  # token slots a stock server's device pool would get
-TOKEN_BYTES = 4 * 2 * 2 * 16 * 4  # layers x (K, V) x KV heads x head dim x fp32
+LAYERS = 4
+LAYER_TOKEN_BYTES = 2 * 2 * 16 * 4  # (K, V) x KV heads x head dim x fp32: one token in one layer
+TOKEN_BYTES = LAYERS * LAYER_TOKEN_BYTES
+DEVICE_PARTS = ("digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated")
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama", num_layers=4, hidden=64, num_heads=4,
+    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama", num_layers=LAYERS, hidden=64, num_heads=4,
                            num_kv_heads=2, head_dim=16, max_positions=8192)
 
 
@@ -42,13 +48,16 @@ def post_error(base, payload) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def test_a_batch_with_8x_the_device_budget_in_context_decodes_together_and_exactly(llama_dir, tmp_path):
-    prompts = random_prompts([4100] * 8, vocab=VOCAB, seed=11)
+def test_a_batch_with_twice_the_device_budget_in_context_decodes_together_and_exactly(llama_dir, tmp_path):
+    # The tiny preset keeps layer 0 dense: one layer in four holds K/V of every logical token on the device, so a
+    # logical token costs 256 + 3 x 16 (digests) of a stock token's 1024 device bytes, plus windows per slot.
+    # 9216 logical tokens fit the 4 MiB budget (benchmarks/bench_capacity.py finds the largest by the same model).
+    prompts = random_prompts([1010] * 8, vocab=VOCAB, seed=11)
     new_tokens = 16
     total_context = sum(map(len, prompts)) + new_tokens * len(prompts)
-    assert total_context >= 8 * DEVICE_BUDGET
-    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(34 * 1024),
-            "--max-running-requests", "8", "--disable-radix-cache", "--context-length", "8192")
+    assert total_context >= 2 * DEVICE_BUDGET
+    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "9216",
+            "--max-running-requests", "8", "--disable-radix-cache", "--context-length", "2048")
     log = tmp_path / "capacity.log"
     with launched_server(llama_dir, *args, env=SCOUT_ENV, log_path=log) as base:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
@@ -56,12 +65,36 @@ def test_a_batch_with_8x_the_device_budget_in_context_decodes_together_and_exact
         stats = scout_stats(base)
     assert stats["max_batch_size"] == 8  # every request decoded in the same steps
     memory = stats["memory"]
-    assert memory["layout"] == "logical"
-    # Everything the device holds for K/V, allocated for all 8 slots and 34k tokens, fits the stock budget.
+    assert memory["layout"] == "logical" and memory["dense_layers"] == [0]
+    # Everything the device holds for K/V (every part the engine allocates, and SGLang's placeholder pool),
+    # allocated for all 8 slots and 9216 tokens, fits the stock budget; the dense layer holds every token slot.
+    assert memory["dense_layer_bytes_allocated"] == memory["token_slots"] * LAYER_TOKEN_BYTES
+    assert memory["device_bytes_allocated"] == sum(memory[part] for part in DEVICE_PARTS) + memory["sglang_pool_device_bytes"]
     assert memory["device_bytes_allocated"] <= DEVICE_BUDGET * TOKEN_BYTES
     assert "scout memory (logical KV pool)" in log.read_text()
     expected, _, _ = reference_outputs(llama_dir, SCOUT_ENV, prompts, new_tokens)
     assert served == expected
+
+
+def test_a_dense_layer_adds_its_full_store_to_the_reported_device_bytes(llama_dir, tmp_path):
+    """Layer 0 offloaded, then dense: it trades its digests and windows for K and V of every token slot."""
+    args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "2048",
+            "--max-running-requests", "8", "--disable-radix-cache")
+    memory = {}
+    for dense in ("", "0"):
+        with launched_server(llama_dir, *args, env={**SCOUT_ENV, "SCOUT_DENSE_LAYERS": dense},
+                             log_path=tmp_path / f"dense-{dense or 'none'}.log") as base:
+            memory[dense] = scout_stats(base)["memory"]
+    offloaded, dense = memory[""], memory["0"]
+    assert offloaded["dense_layers"] == [] and dense["dense_layers"] == [0]
+    assert offloaded["dense_layer_bytes_allocated"] == 0
+    slots = dense["token_slots"]
+    assert slots == 2048 + dense["request_slots"] * 16 and dense["request_slots"] >= 8  # blocks of 16 (tiny)
+    full_store = slots * LAYER_TOKEN_BYTES
+    assert dense["dense_layer_bytes_allocated"] == full_store
+    one_offloaded_layer = (offloaded["digest_bytes_allocated"] + offloaded["window_and_resident_bytes_allocated"]) // LAYERS
+    assert dense["device_bytes_allocated"] - offloaded["device_bytes_allocated"] == full_store - one_offloaded_layer
+    assert "in each of 1 dense layers [0] (every token)" in (tmp_path / "dense-0.log").read_text()
 
 
 def test_requests_wait_for_a_full_host_store_and_a_request_that_never_fits_is_refused(llama_dir, tmp_path):

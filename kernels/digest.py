@@ -54,13 +54,7 @@ def update_digests(
     page_ids : [n] int32, same device; rows of the digests to rewrite
     digest_min, digest_max : [P, Hkv, D], dtype of k_cache; other rows untouched
     """
-    check_paged_cache(k_cache)
-    device = k_cache.device
-    check_tensor("page_ids", page_ids, ndim=1, dtypes=(torch.int32,), device=device)
-    expected = (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])
-    for name, digest in (("digest_min", digest_min), ("digest_max", digest_max)):
-        check_tensor(name, digest, ndim=3, dtypes=(k_cache.dtype,), device=device)
-        check_shape(name, digest, expected)
+    _check_digest_args(k_cache, "page_ids", page_ids, digest_min, digest_max, num_rows=k_cache.shape[0])
     if page_ids.numel() == 0:
         return
     _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
@@ -84,18 +78,22 @@ def digest_blocks(
         (the blocks' host pages)
     digest_min, digest_max : [R, Hkv, D], dtype of k_blocks; other rows untouched
     """
-    check_paged_cache(k_blocks)
-    device = k_blocks.device
-    check_tensor("rows", rows, ndim=1, dtypes=(torch.int32,), device=device)
+    _check_digest_args(k_blocks, "rows", rows, digest_min, digest_max, num_rows=digest_min.shape[0])
     if rows.shape[0] != k_blocks.shape[0]:
         raise ValueError(f"rows must have one entry per block ({k_blocks.shape[0]}), got {rows.shape[0]}")
-    for name, digest in (("digest_min", digest_min), ("digest_max", digest_max)):
-        check_tensor(name, digest, ndim=3, dtypes=(k_blocks.dtype,), device=device)
-        check_shape(name, digest, (digest.shape[0], k_blocks.shape[1], k_blocks.shape[3]))
     if rows.numel() == 0:
         return
-    sources = torch.arange(k_blocks.shape[0], dtype=torch.int32, device=device)
+    sources = torch.arange(k_blocks.shape[0], dtype=torch.int32, device=k_blocks.device)
     _digests_into(k_blocks, sources, digest_min, digest_max, impl, rows=rows)
+
+
+def _check_digest_args(k_cache, index_name, index, digest_min, digest_max, *, num_rows):
+    check_paged_cache(k_cache)
+    check_tensor(index_name, index, ndim=1, dtypes=(torch.int32,), device=k_cache.device)
+    expected = (num_rows, k_cache.shape[1], k_cache.shape[3])
+    for name, digest in (("digest_min", digest_min), ("digest_max", digest_max)):
+        check_tensor(name, digest, ndim=3, dtypes=(k_cache.dtype,), device=k_cache.device)
+        check_shape(name, digest, expected)
 
 
 def _digests_into(k_cache, page_ids, digest_min, digest_max, impl, *, rows=None):

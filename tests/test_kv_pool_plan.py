@@ -12,7 +12,8 @@ from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.env import PoolSettings, pool_settings_from_env
 from scout_sglang.sglang_adapter import memory_report
-from scout_sglang.sglang_adapter.kv_pool import check_device_memory, logical_capacity, pool_layout, pool_problems
+from scout_sglang.sglang_adapter.kv_pool import (check_device_memory, check_engine_memory, logical_capacity, pool_layout,
+                                               pool_problems)
 
 
 def args(backend="scout", prefill=None, decode=None, mode="null", radix_off=True, **extra):
@@ -96,7 +97,7 @@ def test_the_startup_message_counts_the_dense_layers_in_the_request_and_the_allo
     assert f"a 4096-token request needs {per['device'] / 2**20:.2f} MiB of device memory over its 3 layers" in message
     assert "in each of 1 dense layers [0] (every token)" in message and "full attention needs 1.50 MiB" in message
     dense = (8192 + 2 * 16) * TOKEN
-    assert f"({dense / 2**20:.1f} MiB dense layers" in message
+    assert f"({memory_report.size_text(dense)} dense layers" in message
 
 
 @pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen", "quest", "full"])
@@ -142,3 +143,12 @@ def test_device_memory_that_cannot_hold_the_dense_layers_is_refused():
     with pytest.raises(RuntimeError, match=r"needs \d+\.\d+ GiB of device memory for 1048576 logical tokens "
                                            r"\(4\.01 GiB of it for the dense layers \[0\].*SCOUT_DENSE_LAYERS="):
         check_device_memory(plan, 2**20, free_bytes=6 * 2**30)
+
+
+def test_on_a_cpu_server_the_device_part_counts_against_host_memory():
+    small = {"host_bytes_allocated": 2**20, "device_bytes_allocated": 2**20, "dense_layer_bytes_allocated": 0,
+             "dense_layers": []}
+    check_engine_memory(small, "cpu", 1000)
+    with pytest.raises(RuntimeError, match=r"the scout engine \(host store and, on this CPU device, its device part\) "
+                                           r"for 1000 tokens needs .* lower --max-total-tokens"):
+        check_engine_memory({**small, "device_bytes_allocated": 2**60}, "cpu", 1000)

@@ -91,7 +91,7 @@ def test_the_predictor_uses_the_next_layers_q_rows_and_only_while_decoding():
 
 
 def test_a_host_store_larger_than_the_free_memory_is_refused_with_what_to_change():
-    from scout_sglang.sglang_adapter.backend import check_host_memory
+    from scout_sglang.sglang_adapter.kv_pool import check_host_memory
 
     check_host_memory(2**20, 1000)
     with pytest.raises(RuntimeError, match="lower --max-total-tokens"):

@@ -125,12 +125,12 @@ def startup_message(engine, layout: str, logical_tokens: int, context: int, sgla
     return (f"scout memory ({layout} KV pool): a {context}-token request needs {per['device'] / MIB:.2f} MiB of "
             f"device memory over its {engine.shape.num_layers} layers: {'; '.join(kinds)}; full attention needs "
             f"{per['full_attention'] / MIB:.2f} MiB ({per['full_attention'] / max(1, per['device']):.1f}x). Device "
-            f"K/V allocated: {device / MIB:.1f} MiB for {slots} request slots and {logical_tokens} tokens "
-            f"({parts['dense_layer_bytes_allocated'] / MIB:.1f} MiB dense layers, "
-            f"{parts['digest_bytes_allocated'] / MIB:.1f} MiB digests, "
-            f"{parts['window_and_resident_bytes_allocated'] / MIB:.1f} MiB windows and resident buffers, "
-            f"{sglang_pool['device'] / MIB:.1f} MiB SGLang's pool; full attention: {full / MIB:.1f} MiB); host K/V: "
-            f"{(memory['host_bytes_allocated'] + sglang_pool['host']) / MIB:.1f} MiB")
+            f"K/V allocated: {size_text(device)} for {slots} request slots and {logical_tokens} tokens "
+            f"({size_text(parts['dense_layer_bytes_allocated'])} dense layers, "
+            f"{size_text(parts['digest_bytes_allocated'])} digests, "
+            f"{size_text(parts['window_and_resident_bytes_allocated'])} windows and resident buffers, "
+            f"{size_text(sglang_pool['device'])} SGLang's pool; full attention: {size_text(full)}); host K/V: "
+            f"{size_text(memory['host_bytes_allocated'] + sglang_pool['host'])}")
 
 
 def usage(engine, layout: str, pool, slots: int | None = None) -> dict:

@@ -1,0 +1,218 @@
+"""Host overhead of a decode step: aten ops dispatched and scalar reads per layer, and host ms per layer.
+
+On a GPU every dispatched op is a kernel launch (microseconds of host time) and
+every scalar read (`aten::_local_scalar_dense`: `.item()`, `int(t)`, `.tolist()`)
+is a stream sync. The shapes are tiny (head_dim 16) so that tensor math is
+negligible and what is timed is the host work. Counted on the host thread with a
+TorchDispatchMode (CPU worker threads are not counted: they are the CPU part).
+Per mode, batch size and KV head count, for three steps: steady (no block fills,
+recall off), a step in which every request fills a block, and a step with recall
+due for every request. No asserts. Progress goes to stderr; the last stdout line
+is one JSON object; the full mode writes benchmarks/results/host_overhead.{json,md,png}.
+
+    python -P benchmarks/bench_host_overhead.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from scout_sglang.config import MODES, ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.shape import ModelShape
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NUM_LAYERS, NUM_QO_HEADS, HEAD_DIM, CONTEXT, BUDGET, BLOCK = 4, 8, 16, 2048, 512, 32
+SCALAR_READ = "aten._local_scalar_dense.default"
+# A projection, not a measurement: what the counted work would cost as CUDA launches.
+LAUNCH_US, SYNC_US = 5.0, 20.0
+PROJECTION = dict(model="Qwen3-14B", layers=40, batch=40)
+
+
+def log(message: str) -> None:
+    print(f"[bench_host_overhead] {message}", file=sys.stderr, flush=True)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched on this thread while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def build(mode: str, batch: int, num_kv_heads: int, variant: str) -> tuple[CoAttentionEngine, ModelShape]:
+    shape = ModelShape(num_layers=NUM_LAYERS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
+    recall = dict(recall_policy="interval", recall_interval=1) if variant == "recall" else dict(recall_policy="off")
+    config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=BUDGET, cpu_groups=1, dense_layers=(0,), **recall)
+    engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
+                               max_tokens_per_request=CONTEXT + 2 * BLOCK, track_changes=False)
+    gen = torch.Generator().manual_seed(0)
+    # The measured step is the second one; in the "fill" variant its token completes a block.
+    length = CONTEXT - 2 if variant == "fill" else CONTEXT + 1
+    for rid in range(batch):
+        engine.add_request(rid)
+        for layer in range(NUM_LAYERS):
+            k = torch.randn(length, num_kv_heads, HEAD_DIM, generator=gen)
+            engine.prefill(rid, layer, k, torch.randn(length, num_kv_heads, HEAD_DIM, generator=gen))
+    return engine, shape
+
+
+def decode_step(engine, shape, batch, gen, counter=None):
+    """One decode step; the layer loop runs under `counter` when given. Returns host seconds of the loop."""
+    q = torch.randn(NUM_LAYERS, batch, shape.num_qo_heads, HEAD_DIM, generator=gen)
+    kv = torch.randn(2, NUM_LAYERS, batch, shape.num_kv_heads, HEAD_DIM, generator=gen)
+    engine.begin_step(list(range(batch)))
+    start = time.perf_counter()
+    with counter if counter is not None else _nothing():
+        for layer in range(NUM_LAYERS):
+            if layer + 1 < NUM_LAYERS and engine.wants_prediction(layer + 1):
+                engine.predict(layer + 1, q[layer + 1] + 0.1)
+            engine.attend(layer, q[layer], kv[0, layer], kv[1, layer])
+    seconds = time.perf_counter() - start
+    engine.end_step()
+    return seconds
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def measure(mode, batch, num_kv_heads, variant, repeats) -> dict:
+    engine, shape = build(mode, batch, num_kv_heads, variant)
+    gen = torch.Generator().manual_seed(1)
+    try:
+        decode_step(engine, shape, batch, gen)  # first step: resident buffers fill, nothing counted
+        counter = OpCounter()
+        decode_step(engine, shape, batch, gen, counter)  # counted, not timed: the dispatch mode costs host time
+        times = []
+        for _ in range(repeats):  # timed: the same step again, from a fresh engine in the same state
+            engine.close()
+            engine, shape = build(mode, batch, num_kv_heads, variant)
+            gen = torch.Generator().manual_seed(1)
+            decode_step(engine, shape, batch, gen)
+            times.append(decode_step(engine, shape, batch, gen))
+    finally:
+        engine.close()
+    ops = sum(counter.ops.values())
+    return dict(mode=mode, batch=batch, num_kv_heads=num_kv_heads, variant=variant,
+                ops_per_layer=round(ops / NUM_LAYERS, 1),
+                scalar_reads_per_layer=round(counter.ops[SCALAR_READ] / NUM_LAYERS, 1),
+                host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
+                top_ops=counter.ops.most_common(5))
+
+
+def projection(rows) -> dict:
+    """Host ms per step at Qwen3-14B / batch 40 / 40 layers from the counts, per mode (a projection)."""
+    out = {}
+    for mode in sorted({r["mode"] for r in rows}):
+        steady = {r["batch"]: r for r in rows if r["mode"] == mode and r["variant"] == "steady" and r["num_kv_heads"] == 8}
+        if 32 not in steady or 64 not in steady:
+            continue
+        lo, hi, t = steady[32], steady[64], (PROJECTION["batch"] - 32) / 32
+        ops = lo["ops_per_layer"] + t * (hi["ops_per_layer"] - lo["ops_per_layer"])
+        syncs = lo["scalar_reads_per_layer"] + t * (hi["scalar_reads_per_layer"] - lo["scalar_reads_per_layer"])
+        out[mode] = round(PROJECTION["layers"] * (ops * LAUNCH_US + syncs * SYNC_US) / 1e3, 1)
+    return out
+
+
+def write_report(result) -> None:
+    rows = result["rows"]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "host_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Host overhead of a decode step, per layer", "",
+             "Written by `benchmarks/bench_host_overhead.py`; every number from one run. Tiny shapes "
+             f"(head_dim {HEAD_DIM}, {NUM_QO_HEADS} query heads, {NUM_LAYERS} layers, layer 0 dense, contexts of "
+             f"~{CONTEXT} tokens, budget {BUDGET}, block {BLOCK}) so that the math is negligible. Ops = aten ops "
+             "dispatched on the host thread in the layer loop (each a kernel launch on a GPU); scalar reads = "
+             "`aten::_local_scalar_dense` (each a device-to-host sync on a GPU). Host ms: best of the timed steps.", "",
+             "| mode | KV heads | step | batch | ops / layer | scalar reads / layer | host ms / layer |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['num_kv_heads']} | {r['variant']} | {r['batch']} | {r['ops_per_layer']} | "
+                     f"{r['scalar_reads_per_layer']} | {r['host_ms_per_layer']} |")
+    lines += ["", f"**Projection, not a measurement** ({PROJECTION['model']}: {PROJECTION['layers']} layers, batch "
+              f"{PROJECTION['batch']}): host time per decode step = layers x (ops per layer x {LAUNCH_US} us per "
+              f"launch + scalar reads per layer x {SYNC_US} us per sync), with the steady counts at 8 KV heads "
+              "interpolated between batch 32 and 64 (the counts do not depend on the model's head_dim):", ""]
+    lines += [f"- {mode}: {ms} ms per step" for mode, ms in result["projected_step_ms"].items()]
+    (RESULTS / "host_overhead.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for mode in MODES:
+        steady = sorted((r for r in rows if r["mode"] == mode and r["variant"] == "steady" and r["num_kv_heads"] == 8),
+                        key=lambda r: r["batch"])
+        if steady:
+            axes[0].plot([r["batch"] for r in steady], [r["ops_per_layer"] for r in steady], marker="o", label=mode)
+            axes[1].plot([r["batch"] for r in steady], [r["host_ms_per_layer"] for r in steady], marker="o", label=mode)
+    for ax, title in zip(axes, ("aten ops per layer", "host ms per layer")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_title(f"{title} (steady step, 8 KV heads)")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "host_overhead.png", dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="scout and full, batch 1 and 64, steady step; no files")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    modes = ("full", "scout") if args.quick else MODES
+    batches = (1, 64) if args.quick else (1, 8, 32, 64)
+    heads = (8,) if args.quick else (1, 8)
+    variants = ("steady",) if args.quick else ("steady", "fill", "recall")
+    rows = []
+    for mode in modes:
+        for num_kv_heads in heads:
+            for variant in variants:
+                if variant == "recall" and mode != "scout":
+                    continue
+                for batch in batches:
+                    row = measure(mode, batch, num_kv_heads, variant, repeats=2 if args.quick else 3)
+                    log(f"{mode} heads={num_kv_heads} {variant} batch={batch}: {row['ops_per_layer']} ops, "
+                        f"{row['scalar_reads_per_layer']} scalar reads, {row['host_ms_per_layer']} ms per layer")
+                    rows.append(row)
+    result = dict(rows=rows, quick=args.quick, projected_step_ms=projection(rows),
+                  assumptions=dict(launch_us=LAUNCH_US, sync_us=SYNC_US, **PROJECTION))
+    steady = {(r["mode"], r["batch"]): r for r in rows if r["variant"] == "steady" and r["num_kv_heads"] == 8}
+    summary = dict(
+        ops_per_layer={f"{m}@{b}": r["ops_per_layer"] for (m, b), r in steady.items()},
+        scalar_reads_per_layer={f"{m}@{b}": r["scalar_reads_per_layer"] for (m, b), r in steady.items()},
+        time_ratio_b64_b1={m: round(steady[(m, 64)]["host_ms_per_layer"] / steady[(m, 1)]["host_ms_per_layer"], 2)
+                           for m in modes if (m, 64) in steady and (m, 1) in steady},
+    )
+    if not args.quick:
+        write_report(result)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

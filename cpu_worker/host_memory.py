@@ -37,8 +37,12 @@ def thp_state(path: Path = THP_ENABLED) -> str:
     return match.group(1) if match else "unavailable"
 
 
-def anon_huge_kib(address: int, nbytes: int) -> int | None:
-    """KiB of [address, address + nbytes) backed by huge pages (smaps AnonHugePages), None when unreadable."""
+def anon_huge_kib(ranges: list[tuple[int, int]]) -> int | None:
+    """KiB on huge pages (smaps AnonHugePages) of the mappings that hold any of `ranges` ((address, nbytes)).
+
+    smaps counts per mapping, and the kernel merges adjacent anonymous mappings, so this may include
+    neighbouring memory: callers cap the share at 1. None when smaps is unreadable.
+    """
     try:
         text = Path("/proc/self/smaps").read_text()
     except OSError:
@@ -48,7 +52,7 @@ def anon_huge_kib(address: int, nbytes: int) -> int | None:
         head = line.split(" ", 1)[0]
         if "-" in head and all(c in "0123456789abcdef-" for c in head):
             lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo < address + nbytes and hi > address
+            inside = any(lo < address + nbytes and hi > address for address, nbytes in ranges)
         elif inside and line.startswith("AnonHugePages:"):
             total += int(line.split()[1])
     return total

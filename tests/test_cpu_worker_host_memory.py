@@ -44,7 +44,7 @@ def test_huge_pages_when_the_system_allows():
     t, kind = alloc_host_tensor(SHAPE, torch.bfloat16)
     assert kind == "thp"
     t.fill_(1.0)  # first touch faults the pages in
-    huge = anon_huge_kib(t.data_ptr(), t.numel() * t.element_size())
+    huge = anon_huge_kib([(t.data_ptr(), t.numel() * t.element_size())])
     if huge is None:
         pytest.skip("/proc/self/smaps is not readable")
     # madvised ranges are compacted for on fault (defrag "madvise", the default), so 8 MiB gets some.

@@ -16,12 +16,15 @@ benchmark.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
+
+logger = logging.getLogger("scout_sglang.cpu_worker")
 
 HUGE_PAGE_BYTES = 2 << 20
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -83,3 +86,21 @@ def alloc_host_tensor(shape, dtype: torch.dtype, *, huge_pages: bool = True) -> 
     # Anonymous memory reads as zero; no fill, so pages fault in (as huge pages) on first write.
     tensor = torch.frombuffer(raw[offset : offset + nbytes], dtype=dtype).view(shape)
     return tensor, "thp"
+
+
+_logged_kinds: set[tuple[str, str]] = set()
+
+
+def alloc_store_tensor(shape, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
+    """A host K/V store tensor: page-locked by CUDA's allocator when `pin` (copies to the GPU stay
+    async; those pages are not madvised), else on huge pages where allowed. Logs the page kind once
+    per (THP mode, kind), so the start-up log says what the store got."""
+    if pin:
+        tensor, kind = torch.zeros(shape, dtype=dtype, pin_memory=True), "pinned"
+    else:
+        tensor, kind = alloc_host_tensor(shape, dtype)
+    key = (thp_state(), kind)
+    if key not in _logged_kinds:
+        _logged_kinds.add(key)
+        logger.info("host K/V store pages: %s (transparent huge pages: %s)", kind, key[0])
+    return tensor

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from scout_sglang.cpu_worker import host_memory
-from scout_sglang.cpu_worker.host_memory import HUGE_PAGE_BYTES, alloc_host_tensor, anon_huge_kib, thp_state
+from scout_sglang.cpu_worker.host_memory import (
+    HUGE_PAGE_BYTES,
+    alloc_host_tensor,
+    alloc_store_tensor,
+    anon_huge_kib,
+    thp_state,
+)
 
 SHAPE = (128, 8, 32, 128)  # 8 MiB of bf16: four huge pages
 
@@ -60,3 +66,14 @@ def test_plain_pages_when_not_wanted_or_not_allowed(monkeypatch, reason):
         shape = (4, 128)  # below one huge page: madvise would gain nothing
     t, kind = alloc_host_tensor(shape, torch.float32, huge_pages=reason != "asked")
     assert kind == "4k" and t.shape == shape and torch.count_nonzero(t) == 0
+
+
+def test_store_tensor_logs_its_page_kind_once(monkeypatch, caplog):
+    monkeypatch.setattr(host_memory, "_logged_kinds", set())
+    with caplog.at_level("INFO", logger="scout_sglang.cpu_worker"):
+        a = alloc_store_tensor(SHAPE, torch.bfloat16, pin=False)
+        b = alloc_store_tensor(SHAPE, torch.bfloat16, pin=False)
+    lines = [r.getMessage() for r in caplog.records if "host K/V store pages" in r.getMessage()]
+    expected = "thp" if thp_state() in ("always", "madvise") else "4k"
+    assert lines == [f"host K/V store pages: {expected} (transparent huge pages: {thp_state()})"]
+    assert a.shape == b.shape == SHAPE and a.data_ptr() != b.data_ptr()

@@ -150,6 +150,7 @@ def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, ou
 
 def run(quick: bool) -> dict:
     torch.set_num_threads(1)  # every measurement thread is single-threaded; parallelism is ours
+    load_before = os.getloadavg()[0]  # the host is shared: other work shows here
     cpus = len(os.sched_getaffinity(0))
     thread_counts = list(range(1, cpus + 1))
     num_pages = 8192 if quick else 32768  # 128 KiB of K+V per page: 1 GiB / 4 GiB
@@ -235,6 +236,7 @@ def run(quick: bool) -> dict:
         host_cache_pages=pages,
         rounds=rounds,
         quick=quick,
+        load_average_1min_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         hardware=hardware(),
     )
     return result
@@ -254,14 +256,17 @@ def load_runs(path: Path) -> dict:
 def run_rows(result: dict) -> list[str]:
     """Table rows (one per thread count) of one run."""
     hw = result["hardware"]
-    pages = result.get("host_cache_pages") or {"thp_mode": "not recorded", "kind": "4k", "huge_fraction": None}
+    pages = result.get("host_cache_pages")
     path = hw.get("native_path") or "not recorded"
+    page_text = "not recorded"
+    if pages:
+        share = pages["huge_fraction"] if pages["huge_fraction"] is not None else "?"
+        page_text = f"{pages['thp_mode']}: {pages['kind']} ({share} huge)"
     rows = []
     for i, n in enumerate(result["threads_list"]):
         small = result.get("native_4k_pages_gbs_per_threads")
         rows.append(
-            f"| {hw['model']} | {hw['native_isa']} / {path} | {pages['thp_mode']}: {pages['kind']}"
-            f" ({pages['huge_fraction'] if pages['huge_fraction'] is not None else '?'} huge) "
+            f"| {hw['model']} | {hw['native_isa']} / {path} | {page_text} "
             f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
             f"| {result['native_gbs_per_threads'][i]} | {result['native_one_group_gbs_per_threads'][i]} "
             f"| {small[i] if small else '-'} | {result['torch_gbs_per_threads'][i]} "
@@ -289,7 +294,9 @@ def write_results(result: dict) -> None:
         rows += run_rows(runs[model])
     hosts = "\n".join(
         f"- {m}: {r['hardware']['cpus']} CPUs usable; flags: {', '.join(r['hardware']['flags'])}; "
-        f"torch {r['hardware']['torch']}; {r['rounds']} rounds." for m, r in sorted(runs.items())
+        f"torch {r['hardware']['torch']}; {r['rounds']} rounds; load average (1 min) before / after: "
+        f"{' / '.join(map(str, r.get('load_average_1min_before_after') or ['not recorded']))}."
+        for m, r in sorted(runs.items())
     )
     text = f"""# CPU attention: native kernel vs torch path vs memory read bandwidth
 

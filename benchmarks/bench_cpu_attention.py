@@ -3,13 +3,16 @@ the machine's memory read bandwidth measured in the same run.
 
 Qwen3-8B-like decode: Hq 32, Hkv 8, D 128, bf16, block 32, batch 8, 64 random
 blocks per sequence and KV head, in a host cache much larger than the last-level
-cache. For 1..all threads: read bandwidth (best of a torch and a numpy sum over
+cache (4 GiB in full mode, backed by transparent huge pages where the OS allows:
+cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
+show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
 a large buffer, one chunk per thread), native with N groups of 1 thread and 1
 group of N threads, torch path with N groups. Every figure is the best of
 several rounds, taken interleaved (the host is shared and noisy; DESIGN.md
 section 8). No asserts. Progress goes to stderr; the last stdout line is one
 JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
-{md,json,png}.
+{md,json,png}, keeping the results of other CPU models (and ISA paths) in the
+same files: one entry per CPU model, this run replacing its own.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from scout_sglang.cpu_worker import CpuAttentionPool
+from scout_sglang.cpu_worker.host_memory import alloc_host_tensor, anon_huge_kib, thp_state
 from scout_sglang.cpu_worker.native_kernel import load_native
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,11 +54,18 @@ def hardware() -> dict:
                 flags = value.split()
     except (OSError, subprocess.CalledProcessError):
         pass
+    module = load_native().module
+    group_size = SHAPE["num_qo_heads"] // SHAPE["num_kv_heads"]
     return dict(
         model=model,
         cpus=len(os.sched_getaffinity(0)),
         flags=[f for f in FLAGS_OF_INTEREST if f in flags],
-        native_isa=(load_native().module.isa() if load_native().module is not None else None),
+        native_isa=(module.isa() if module is not None else None),
+        # The compute path of this benchmark's shape (amx, bf16dot, bf16split or fp32).
+        native_path=(
+            module.bf16_path(group_size, SHAPE["block_size"], SHAPE["head_dim"])
+            if module is not None and hasattr(module, "bf16_path") else None
+        ),
         torch=torch.__version__,
     )
 
@@ -87,19 +98,26 @@ def read_bandwidth_gbs(buf: torch.Tensor, num_threads: int) -> dict:
 # -- attention ------------------------------------------------------------------
 
 
-def make_cache(num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [P, Hkv, S, D] bf16, random values tiled from a small random set (fast to fill)."""
+def make_cache(num_pages: int, huge_pages: bool = True) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """K and V [P, Hkv, S, D] bf16, random values tiled from a small random set (fast to fill), and
+    their page state: the THP mode, the page kind asked for, and the share of K actually on huge pages."""
     shape = (num_pages, SHAPE["num_kv_heads"], SHAPE["block_size"], SHAPE["head_dim"])
     gen = torch.Generator().manual_seed(0)
-    caches = []
+    caches, kind = [], "4k"
     for _ in range(2):
         seed_pages = torch.randn((64,) + shape[1:], generator=gen).to(torch.bfloat16)
-        cache = torch.empty(shape, dtype=torch.bfloat16)
+        cache, kind = alloc_host_tensor(shape, torch.bfloat16, huge_pages=huge_pages)
         for start in range(0, num_pages, 64):
             n = min(64, num_pages - start)
             cache[start : start + n].copy_(seed_pages[:n])
         caches.append(cache)
-    return caches[0], caches[1]
+    nbytes = caches[0].numel() * 2
+    huge_kib = anon_huge_kib([(c.data_ptr(), nbytes) for c in caches])
+    pages = dict(
+        thp_mode=thp_state(), kind=kind,
+        huge_fraction=None if huge_kib is None else round(min(1.0, huge_kib * 1024 / (2 * nbytes)), 3),
+    )
+    return caches[0], caches[1], pages
 
 
 def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -132,13 +150,17 @@ def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, ou
 
 def run(quick: bool) -> dict:
     torch.set_num_threads(1)  # every measurement thread is single-threaded; parallelism is ours
+    load_before = os.getloadavg()[0]  # the host is shared: other work shows here
     cpus = len(os.sched_getaffinity(0))
     thread_counts = list(range(1, cpus + 1))
-    num_pages = 8192 if quick else 16384  # 128 KiB of K+V per page: 1 GiB / 2 GiB
+    num_pages = 8192 if quick else 32768  # 128 KiB of K+V per page: 1 GiB / 4 GiB
     rounds = 3 if quick else 8
     log(f"building/loading the native kernel; host cache {num_pages * 128 // 1024} MiB, {rounds} rounds")
     native_ok = load_native().module is not None
-    k_cache, v_cache = make_cache(num_pages)
+    k_cache, v_cache, pages = make_cache(num_pages)
+    log(f"host cache pages: {pages}")
+    # Full mode: the same cache on 4 KiB pages, to measure what the huge pages give (TLB reach).
+    small_pages = None if quick else make_cache(num_pages, huge_pages=False)
     tables = make_tables(4 if quick else 6, num_pages)
     q = torch.randn(SHAPE["batch_size"], SHAPE["num_qo_heads"], SHAPE["head_dim"]).to(torch.bfloat16)
     out_o = torch.empty(q.shape, dtype=torch.float32)
@@ -149,12 +171,17 @@ def run(quick: bool) -> dict:
     if native_ok:
         configs["native"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
         configs["native_one_group"] = lambda n: dict(num_groups=1, threads_per_group=n, impl="native")
+        if small_pages is not None and pages["kind"] == "thp":
+            configs["native_4k_pages"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
+    caches = {name: (k_cache, v_cache) for name in configs}
+    if "native_4k_pages" in configs:
+        caches["native_4k_pages"] = small_pages[:2]
     pools = {(name, n): CpuAttentionPool(**make(n)) for name, make in configs.items() for n in thread_counts}
     best: dict = {}
     paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
     try:
         for (name, n), pool in pools.items():  # warm-up: thread-local scratch, page faults
-            attention_gbs(pool, k_cache, v_cache, tables[:1], q, out_o, out_lse)
+            attention_gbs(pool, *caches[name], tables[:1], q, out_o, out_lse)
         for r in range(rounds):
             for n in thread_counts:
                 round_bw = 0.0
@@ -162,7 +189,7 @@ def run(quick: bool) -> dict:
                     best[(method, n)] = max(best.get((method, n), 0.0), gbs)
                     round_bw = max(round_bw, gbs)
                 for name in configs:
-                    gbs = attention_gbs(pools[(name, n)], k_cache, v_cache, tables, q, out_o, out_lse)
+                    gbs = attention_gbs(pools[(name, n)], *caches[name], tables, q, out_o, out_lse)
                     best[(name, n)] = max(best.get((name, n), 0.0), gbs)
                     paired.setdefault((name, n), []).append(gbs / round_bw)
             log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]}@{k[1]}={v:.1f}" for k, v in sorted(best.items())))
@@ -196,6 +223,7 @@ def run(quick: bool) -> dict:
         native_one_group_gbs_per_threads=series("native_one_group"),
         native_best_layout_gbs_per_threads=native_best,
         torch_gbs_per_threads=torch_path,
+        native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
         # Median over rounds of native / read bandwidth measured seconds before it
         # (the host's bandwidth drifts between rounds; this pairs like with like).
@@ -205,45 +233,92 @@ def run(quick: bool) -> dict:
         shape=SHAPE,
         dtype="bfloat16",
         host_cache_gib=round(2 * k_cache.numel() * 2 / 2**30, 2),
+        host_cache_pages=pages,
         rounds=rounds,
         quick=quick,
+        load_average_1min_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         hardware=hardware(),
     )
     return result
 
 
-def write_results(result: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cpu_attention.json").write_text(json.dumps(result, indent=2) + "\n")
+def load_runs(path: Path) -> dict:
+    """Earlier results by CPU model; a file of the one-run format (before models were kept) becomes one entry."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if "runs" in data:
+        return data["runs"]
+    return {data["hardware"]["model"]: data} if "hardware" in data else {}
+
+
+def run_rows(result: dict) -> list[str]:
+    """Table rows (one per thread count) of one run."""
     hw = result["hardware"]
-    d = result["shape"]
-    rows = [
-        "| threads | read bw GB/s | native GB/s (N groups x 1) | native GB/s (1 group x N) | torch path GB/s "
-        "| native / read bw | same, paired per round (median) | native / torch |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    pages = result.get("host_cache_pages")
+    path = hw.get("native_path") or "not recorded"
+    page_text = "not recorded"
+    if pages:
+        share = pages["huge_fraction"] if pages["huge_fraction"] is not None else "?"
+        page_text = f"{pages['thp_mode']}: {pages['kind']} ({share} huge)"
+    rows = []
     for i, n in enumerate(result["threads_list"]):
+        small = result.get("native_4k_pages_gbs_per_threads")
         rows.append(
-            f"| {n} | {result['read_bw_gbs_per_threads'][i]} | {result['native_gbs_per_threads'][i]} "
-            f"| {result['native_one_group_gbs_per_threads'][i]} | {result['torch_gbs_per_threads'][i]} "
+            f"| {hw['model']} | {hw['native_isa']} / {path} | {page_text} "
+            f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
+            f"| {result['native_gbs_per_threads'][i]} | {result['native_one_group_gbs_per_threads'][i]} "
+            f"| {small[i] if small else '-'} | {result['torch_gbs_per_threads'][i]} "
             f"| {result['native_frac_of_bw_per_threads'][i]} "
             f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {result['native_vs_torch_per_threads'][i]} |"
         )
+    return rows
+
+
+def write_results(result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(RESULTS / "cpu_attention.json")
+    runs[result["hardware"]["model"]] = result  # this run replaces its own model's entry only
+    (RESULTS / "cpu_attention.json").write_text(json.dumps({"latest": result["hardware"]["model"], "runs": runs},
+                                                           indent=2) + "\n")
+    hw = result["hardware"]
+    d = result["shape"]
+    rows = [
+        "| CPU model | ISA / bf16 path | huge pages (THP mode: kind) | host cache GiB | threads | read bw GB/s "
+        "| native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages | torch path GB/s "
+        "| native / read bw | same, paired per round (median) | native / torch |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model in sorted(runs):
+        rows += run_rows(runs[model])
+    hosts = "\n".join(
+        f"- {m}: {r['hardware']['cpus']} CPUs usable; flags: {', '.join(r['hardware']['flags'])}; "
+        f"torch {r['hardware']['torch']}; {r['rounds']} rounds; load average (1 min) before / after: "
+        f"{' / '.join(map(str, r.get('load_average_1min_before_after') or ['not recorded']))}."
+        for m, r in sorted(runs.items())
+    )
     text = f"""# CPU attention: native kernel vs torch path vs memory read bandwidth
 
-Written by `benchmarks/bench_cpu_attention.py` (full mode). Every number comes from this one run.
+Written by `benchmarks/bench_cpu_attention.py` (full mode), one entry per CPU model: a run replaces the
+entry of its own model and keeps the others. Ratios compare numbers of one run only (one row group);
+numbers of different hosts were taken on different days and loads.
 
-- Hardware: {hw["model"]}, {hw["cpus"]} CPUs usable; flags: {", ".join(hw["flags"])}; native kernel ISA: {hw["native_isa"]}; torch {hw["torch"]}.
+{hosts}
 - Workload: Hq {d["num_qo_heads"]}, Hkv {d["num_kv_heads"]}, D {d["head_dim"]}, bf16, block {d["block_size"]}, batch {d["batch_size"]},
-  {d["blocks_per_head"]} random blocks per sequence and KV head, host cache {result["host_cache_gib"]} GiB (random page ids).
+  {d["blocks_per_head"]} random blocks per sequence and KV head, random page ids in the host cache.
 - GB/s = K+V bytes read / wall time, two submits in flight. Read bandwidth = best of a torch and a numpy
-  sum over a {2 if not result["quick"] else 1} GiB fp32 buffer, one chunk per thread. Best of {result["rounds"]} interleaved rounds
-  (the host is shared; compare numbers of one run only).
+  sum over a 2 GiB fp32 buffer, one chunk per thread. Best of the interleaved rounds (the hosts are shared).
+- bf16 path: amx (AMX tiles), bf16dot (AVX512_BF16), bf16split (fp32 FMA on bf16 rows widened in registers:
+  AVX2, AVX-512F without BF16), fp32 (rows converted to fp32). Huge pages: the transparent huge page mode,
+  what the store asked for (thp = madvised) and the share of the K store the kernel backed with 2 MiB pages;
+  "native, 4 KiB pages" is the same kernel on a copy of the store without huge pages.
 
 {chr(10).join(rows)}
 
 The torch path gathers the listed blocks (index_select into a preallocated buffer) and runs
 `_scaled_dot_product_flash_attention_for_cpu` with the G query heads folded into the query axis.
+The plot shows the latest run ({hw["model"]}).
 """
     (RESULTS / "cpu_attention.md").write_text(text)
 
@@ -258,11 +333,14 @@ The torch path gathers the listed blocks (index_select into a preallocated buffe
     ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N groups x 1 thread)")
     ax.plot(threads, result["native_one_group_gbs_per_threads"], marker="s", label="native (1 group x N threads)")
     ax.plot(threads, result["torch_gbs_per_threads"], marker="^", label="torch path (N groups)")
+    if result.get("native_4k_pages_gbs_per_threads"):
+        ax.plot(threads, result["native_4k_pages_gbs_per_threads"], marker="v", label="native, 4 KiB pages")
     ax.set_xlabel("threads")
     ax.set_ylabel("GB/s of K+V read")
     ax.set_xticks(threads)
     ax.set_ylim(bottom=0)
-    ax.set_title(f"CPU sparse decode, bf16, {hw['model']}", fontsize=9)
+    ax.set_title(f"CPU sparse decode, bf16, {hw['model']} ({hw['native_isa']} / {hw.get('native_path')})",
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -272,7 +350,7 @@ The torch path gathers the listed blocks (index_select into a preallocated buffe
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 GiB cache, 3 rounds, no files (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="1 GiB cache, 3 rounds, no files (about a minute)")
     args = parser.parse_args()
     result = run(args.quick)
     if not args.quick:

@@ -1,5 +1,6 @@
 """CpuAttentionPool behaviour: concurrency, errors, shutdown, pinning, impl choice."""
 
+import itertools
 import logging
 import os
 import platform
@@ -11,7 +12,7 @@ from support import assert_close
 from test_cpu_worker_helpers import IMPLS, make_case, make_pool, outputs_for, run
 
 from scout_sglang.cpu_worker import CpuAttentionError, CpuAttentionPool, alloc_output_buffers, dispatch, select_impl
-from scout_sglang.cpu_worker.native_kernel import NativeBuild, build_native
+from scout_sglang.cpu_worker.native_kernel import SOURCES, NativeBuild, build_native, headers_key
 from scout_sglang.cpu_worker.partition import plan_work
 from scout_sglang.reference import sparse_decode
 
@@ -182,11 +183,18 @@ def test_avx2_and_scalar_builds_match_reference(variant, flags):
     """The #elif AVX2 and scalar fallbacks, compiled on this host by disabling ISA levels."""
     if platform.machine() != "x86_64":
         pytest.skip("the ISA flags of this test are x86-64 flags")
-    build = build_native(name=f"scout_cpu_attention_{variant}_test", extra_cflags=flags)
+    # The headers' hash in the name: torch's cache keys by the .cpp only, and would serve a stale build.
+    build = build_native(name=f"scout_cpu_attention_{variant}_test_{headers_key(SOURCES)}", extra_cflags=flags)
     assert build.module is not None, f"the {variant} fallback did not build: {build.error}"
     assert build.module.isa() == variant
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        case = make_case([[3, 0], [8, 2]], group_size=4, head_dim=72, block_size=7, dtype=dtype, capacity=8)
+    # bf16 with D % 16 == 0 takes the widened-in-register path on AVX2, the fp32 path on scalar.
+    assert build.module.bf16_path(4, 12, 64) == ("bf16split" if variant == "avx2" else "fp32")
+    shapes = [(4, 72, 7), (4, 64, 12), (6, 96, 8), (1, 128, 16)]  # (G, D, S): odd D, S % 8 tails, G % 4 tails
+    for dtype, (group_size, head_dim, block_size) in itertools.product(
+        (torch.bfloat16, torch.float16, torch.float32), shapes
+    ):
+        case = make_case([[3, 0], [8, 2]], group_size=group_size, head_dim=head_dim, block_size=block_size,
+                         dtype=dtype, capacity=8)
         out_o, out_lse = outputs_for(case)
         for b in range(2):
             build.module.decode(*case.values(), b, out_o, out_lse, b, 0.1, 0, 2, 0, 1)

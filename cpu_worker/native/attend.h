@@ -1,6 +1,6 @@
 // One call of the kernel: heads [head_begin, head_end) of one sequence, split
 // `split_index` of `num_splits` of each head's block list. Picks the compute path
-// (AMX, AVX512_BF16 or generic fp32), walks the blocks with prefetch and writes
+// (AMX, AVX512_BF16, bf16 widened in registers or generic fp32), walks the blocks with prefetch and writes
 // o / l and lse = m + log(l) (natural log, fp32).
 
 #pragma once
@@ -17,28 +17,42 @@
 #include "online_softmax.h"
 #include "prefetch.h"
 #include "scratch.h"
+#include "split_bf16.h"
 
 namespace {
 
-enum class Path { kGeneric, kBf16Dot, kAmx };
+enum class Path { kGeneric, kSplit, kBf16Dot, kAmx };
 
 template <typename T>
 Path choose_path(const Dims& d) {
-  if constexpr (std::is_same<T, bf16>::value && kHasBf16Dot) {
+  if constexpr (std::is_same<T, bf16>::value) {
     const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
-    if (D % 32 != 0 || D > 256 || S % 2 != 0) return Path::kGeneric;
+    if (kHasBf16Dot && D % 32 == 0 && D <= 256 && S % 2 == 0) {
 #if defined(SCOUT_HAVE_AMX)
-    const bool g_divides_16 = G <= 16 && 16 % G == 0;
-    if (g_divides_16 && S % 16 == 0 && (S * G) % 32 == 0 && amx_permitted()) return Path::kAmx;
+      const bool g_divides_16 = G <= 16 && 16 % G == 0;
+      if (g_divides_16 && S % 16 == 0 && (S * G) % 32 == 0 && amx_permitted()) return Path::kAmx;
 #endif
-    return Path::kBf16Dot;
+      return Path::kBf16Dot;
+    }
+    if (split_supported(d)) return Path::kSplit;
   }
   return Path::kGeneric;
+}
+
+// Name of a path, for the benchmark and the start-up log.
+inline const char* path_name(Path path) {
+  switch (path) {
+    case Path::kAmx: return "amx";
+    case Path::kBf16Dot: return "bf16dot";
+    case Path::kSplit: return "bf16split";
+    default: return "fp32";
+  }
 }
 
 // Number of Prefetch::step() calls per block, mirroring the loops of each path.
 inline int64_t prefetch_steps(Path path, const Dims& d) {
   const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
+  if (path == Path::kSplit) return split_prefetch_steps(d);
   if (path == Path::kAmx && S % 32 == 0) return S / 16 * kAmxQkSteps + S / 32 * (D / 32);  // qk_amx + pv_amx
   // q k^T steps, then the p v tiles of each chunk of at most 8 rows.
   int64_t steps = path == Path::kAmx ? S / 16 * kAmxQkSteps : (path == Path::kBf16Dot ? G * (S / 16) : 0);
@@ -85,7 +99,8 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
   first[head_end - head_begin] = total;
   const int64_t block_bytes = S * D * static_cast<int64_t>(sizeof(T));
   const int64_t steps = prefetch_steps(path, d);
-  Prefetch::warm_up(blocks.data(), total, block_bytes);
+  const int64_t far_ways = path == Path::kSplit ? kSplitFarWays : kFarWays;
+  Prefetch::warm_up(blocks.data(), total, block_bytes, far_ways);
 
 #if defined(SCOUT_HAVE_AMX)
   if (path == Path::kAmx) amx_configure(G);
@@ -104,6 +119,9 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
     if (path == Path::kGeneric) {
       for (int64_t i = 0; i < G * D; ++i) scratch.q_f32[i] = static_cast<float>(qh[i]);
     }
+#if defined(SCOUT_HAVE_SPLIT)
+    if (path == Path::kSplit) split_rows(qh, scratch.q_f32.data(), d);
+#endif
 #if defined(SCOUT_HAVE_AMX)
     if constexpr (std::is_same<T, bf16>::value) {
       if (path == Path::kAmx) {
@@ -121,7 +139,18 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
     for (int64_t b = first[h - head_begin]; b < first[h - head_begin + 1]; ++b) {
       const T* kb = static_cast<const T*>(blocks[2 * b]);
       const T* vb = static_cast<const T*>(blocks[2 * b + 1]);
-      const Prefetch pf(blocks.data(), b, total, block_bytes, steps);
+      const Prefetch pf(blocks.data(), b, total, block_bytes, steps, far_ways);
+#if defined(SCOUT_HAVE_SPLIT)
+      if constexpr (std::is_same<T, bf16>::value) {
+        if (path == Path::kSplit) {
+          for_split_rows<QkSplit>(G, kb, scratch.q_f32.data(), d, scale, logits, pf);
+          softmax_rows(logits, m, l, alpha, d);
+          for_split_rows<PvSplit>(G, vb, logits, alpha, o, d, pf);
+          pf.finish();
+          continue;
+        }
+      }
+#endif
       if constexpr (std::is_same<T, bf16>::value && kHasBf16Dot) {
 #if defined(__AVX512BF16__)
         uint32_t* pairs = scratch.p_pairs.data();
@@ -181,8 +210,13 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
     }
     // o / l and lse = m + log(l); an empty list gives o = 0, lse = -inf.
 #if defined(__AVX512BF16__)
-    if (path != Path::kGeneric) {
+    if (path == Path::kBf16Dot || path == Path::kAmx) {
       for (int64_t g = 0; g < G; ++g) unpermute_pairs(o + g * D, D);
+    }
+#endif
+#if defined(SCOUT_HAVE_SPLIT)
+    if (path == Path::kSplit) {
+      for (int64_t g = 0; g < G; ++g) unsplit_row(o + g * D, D);
     }
 #endif
     O* oh = out_o + h * G * D;

@@ -30,10 +30,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The SIMD layer: one float vector type `vfloat` of kLanes lanes per ISA level,
 // with loads that convert bf16/fp16 rows to fp32, and the name kIsa.
+// SCOUT_HAVE_SPLIT: the layer has vload_split (widened bf16 loads, split_bf16.h).
 #if defined(__AVX512F__)
 #include "simd_avx512.h"
+#define SCOUT_HAVE_SPLIT 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "simd_avx2.h"
+#define SCOUT_HAVE_SPLIT 1
 #else
 #include "simd_scalar.h"
 #endif

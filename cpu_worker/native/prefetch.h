@@ -11,11 +11,16 @@ namespace {
 // Prefetching, two levels. Page ids are random, so the hardware prefetchers
 // cannot see the next block coming:
 //   near  block b + 1 into L1 while block b is computed (mostly L2 hits then);
-//   far   blocks b + 2 .. b + 1 + kFarWays into L2, a 1/kFarWays slice of
-//         each per block: every far block is fetched over kFarWays block
-//         times, and kFarWays blocks stream at once, which keeps more DRAM
-//         requests in flight than one block at a time (measured ~+15% GB/s).
+//   far   blocks b + 2 .. b + 1 + ways into L2, a 1/ways slice of each per
+//         block: every far block is fetched over `ways` block times, and
+//         `ways` blocks stream at once, which keeps more DRAM requests in
+//         flight than one block at a time (measured ~+15% GB/s on the Xeon).
+// The far window is per path (far_ways): on AMD Zen, PREFETCHT1/T2 fill L1
+// like T0, so 4 far slices plus the near block evict the block being
+// computed from the 32 KiB L1; the split path (AVX2 hosts) measured best with
+// one far block (Zen 3: 11 GB/s in L2 vs 7 GB/s with four).
 constexpr int64_t kFarWays = 4;
+constexpr int64_t kSplitFarWays = 1;
 // Prefetch steps per 16-token AMX q k^T step (it takes about as long as four
 // token-pair steps of p v).
 constexpr int kAmxQkSteps = 4;
@@ -25,10 +30,12 @@ constexpr int kAmxQkSteps = 4;
 // an even trickle keeps DRAM busy under it. finish() issues what is left.
 class Prefetch {
  public:
-  Prefetch(const void* const* blocks, int64_t b, int64_t total, int64_t block_bytes, int64_t steps)
+  Prefetch(const void* const* blocks, int64_t b, int64_t total, int64_t block_bytes, int64_t steps,
+           int64_t far_ways = kFarWays)
       : blocks_(blocks),
         b_(b),
         total_(total),
+        far_ways_(std::max<int64_t>(far_ways, 1)),
         lines_((block_bytes + 63) / 64),
         per_step_((lines_ + steps - 1) / std::max<int64_t>(steps, 1)) {}
 
@@ -36,8 +43,8 @@ class Prefetch {
   inline void finish() const { issue(lines_); }
 
   // Before the first block of a call: block 0 to L1, the far window to L2.
-  static void warm_up(const void* const* blocks, int64_t total, int64_t block_bytes) {
-    for (int64_t b = 0; b < std::min<int64_t>(2 + kFarWays, total); ++b) {
+  static void warm_up(const void* const* blocks, int64_t total, int64_t block_bytes, int64_t far_ways = kFarWays) {
+    for (int64_t b = 0; b < std::min<int64_t>(2 + far_ways, total); ++b) {
       for (int64_t line = 0; line * 64 < block_bytes; ++line) fetch(blocks, b, line, b == 0);
     }
   }
@@ -61,18 +68,18 @@ class Prefetch {
     if (b_ + 1 < total_) {
       for (int64_t line = next_; line < end; ++line) fetch(blocks_, b_ + 1, line, true);
     }
-    const int64_t slice = lines_ / kFarWays, lo = next_ / kFarWays, hi = end / kFarWays;
-    for (int64_t f = 0; f < kFarWays && b_ + 2 + f < total_; ++f) {
-      // Block b + 2 + f takes slice kFarWays - 1 - f now: the first slice at
+    const int64_t ways = far_ways_, slice = lines_ / ways, lo = next_ / ways, hi = end / ways;
+    for (int64_t f = 0; f < ways && b_ + 2 + f < total_; ++f) {
+      // Block b + 2 + f takes slice ways - 1 - f now: the first slice at
       // the largest distance, the last one just before it becomes near.
-      const int64_t base = (kFarWays - 1 - f) * slice;
+      const int64_t base = (ways - 1 - f) * slice;
       for (int64_t line = base + lo; line < base + hi; ++line) fetch(blocks_, b_ + 2 + f, line, false);
     }
     next_ = end;
   }
 
   const void* const* blocks_;
-  int64_t b_, total_, lines_, per_step_;
+  int64_t b_, total_, far_ways_, lines_, per_step_;
   mutable int64_t next_ = 0;
 };
 

@@ -18,7 +18,9 @@
 //                       p v on tiles (p in bf16, V rows interleaved by pairs)
 //   bf16 + AVX512_BF16  q k^T by vdpbf16ps, 16 tokens reduced by a transpose
 //                       tree; p v by vdpbf16ps on token pairs (p in bf16)
-//   fp16/fp32, AVX2, scalar: fp32 FMA on converted rows
+//   bf16, AVX2 or AVX-512F without BF16: fp32 FMA on rows widened in
+//                       registers (split_bf16.h: even/odd dims, no staging)
+//   fp16/fp32, scalar:  fp32 FMA on converted rows
 // and the blocks ahead are prefetched in a trickle under the compute (class
 // Prefetch). Rounding p to bf16 costs ~1e-3 absolute on o for bf16 inputs,
 // well inside the bf16 tolerance; fp16/fp32 inputs stay in fp32 throughout.
@@ -30,6 +32,7 @@
 //   scratch.h        Dims and per-thread scratch;  prefetch.h  class Prefetch
 //   online_softmax.h online-softmax state updates (row- and token-major)
 //   generic_fp32.h   fp16/fp32 (any ISA) path;  avx512_bf16.h  vdpbf16ps path
+//   split_bf16.h     bf16 path of AVX2 / AVX-512F without BF16
 //   amx_bf16.h       AMX tile path;  attend.h  path choice and the block loop
 
 #include <torch/extension.h>
@@ -100,9 +103,16 @@ std::string isa() {
   return name;
 }
 
+// The compute path a bf16 call of this shape takes ("amx", "bf16dot",
+// "bf16split" or "fp32"), for the benchmark and the start-up log.
+std::string bf16_path(int64_t group_size, int64_t block_size, int64_t head_dim) {
+  return path_name(choose_path<bf16>(Dims{group_size, block_size, head_dim}));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode,
         "Sparse decode attention of one sequence over a range of KV heads (GIL released).",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
+  m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");
 }

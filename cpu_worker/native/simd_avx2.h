@@ -18,6 +18,13 @@ inline vfloat vload(const bf16* p) {
 inline vfloat vload(const fp16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// 16 bf16 -> the even elements (lane i = p[2i]) and the odd ones (p[2i+1]):
+// bf16 is the high half of an fp32, so a shift and a mask, no lane crossing.
+inline void vload_split(const bf16* p, vfloat& even, vfloat& odd) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  odd = _mm256_and_ps(_mm256_castsi256_ps(x), _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
 inline void vstore(float* p, vfloat x) { _mm256_storeu_ps(p, x); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
 inline vfloat vsub(vfloat a, vfloat b) { return _mm256_sub_ps(a, b); }

@@ -19,6 +19,13 @@ inline vfloat vload(const bf16* p) {
 inline vfloat vload(const fp16* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+// 32 bf16 -> the even elements (lane i = p[2i]) and the odd ones (p[2i+1]):
+// bf16 is the high half of an fp32, so a shift and a mask, no lane crossing.
+inline void vload_split(const bf16* p, vfloat& even, vfloat& odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
 inline void vstore(float* p, vfloat x) { _mm512_storeu_ps(p, x); }
 inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
 inline vfloat vsub(vfloat a, vfloat b) { return _mm512_sub_ps(a, b); }

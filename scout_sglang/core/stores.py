@@ -23,6 +23,7 @@ import torch
 
 from scout_sglang import kernels
 from scout_sglang.core.page_allocator import PageAllocator
+from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.layout import PAD_BLOCK
 
@@ -106,8 +107,9 @@ class OffloadedStore:
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
         host_shape = (num_host_pages, num_kv_heads, block_size, head_dim)
         pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
-        self.host_k = {layer: torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for layer in self.layers}
-        self.host_v = {layer: torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for layer in self.layers}
+        # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
+        self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
+        self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
         digest_shape = (num_host_pages, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}

@@ -450,12 +450,13 @@ class CoAttentionEngine:
     def _fill_resident(self, layer, selection):
         """Fill a resident buffer the first time its (request, layer) is selected."""
         store = self.offloaded
-        ready = store.resident_ready[layer]
-        selected, counts = selection.selected.cpu(), selection.counts.cpu()
-        # A request without a full block yet has no selection: its first fill waits for one.
-        pending = [b for b, s in enumerate(self._batch) if not bool(ready[s.slot]) and int(counts[b].sum()) > 0]
+        ready = store.resident_ready[layer]  # host tensor: no device read unless a fill is due
+        pending = [b for b, s in enumerate(self._batch) if not bool(ready[s.slot])]
         if not pending:
             return
+        selected, counts = selection.selected.cpu(), selection.counts.cpu()
+        # A request without a full block yet has no selection: its first fill waits for one.
+        pending = [b for b in pending if int(counts[b].sum()) > 0]
         sets = self._selected_sets(selection)
         for b in pending:
             state = self._batch[b]

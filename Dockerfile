@@ -33,4 +33,4 @@ EXPOSE 30000
 
 # Decode CUDA graphs are off: the backend's CPU part does not run under graph replay yet.
 # `sh -c` expands $MODEL_PATH; `exec` lets the server receive docker's signals.
-CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --cuda-graph-backend-decode disabled --host 0.0.0.0 --port 30000"]
+CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --host 0.0.0.0 --port 30000"]

@@ -32,6 +32,7 @@ import torch
 from scout_sglang import kernels
 from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
+from scout_sglang.core.step_plan import window_geometry
 from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
 from scout_sglang.layout import PAD_BLOCK
 
@@ -187,12 +188,11 @@ class OffloadedStore:
         return self.device_pages.table(rid)[self.window_width + slot_index]
 
     def window_blocks(self, num_tokens: int) -> list[int]:
-        """Logical blocks held in the window for a request of `num_tokens`, ascending."""
-        num_full, tail = divmod(num_tokens, self.block_size)
-        num_blocks = num_full + (1 if tail else 0)
-        sink = list(range(min(self.sink_blocks, num_blocks)))
-        local = range(max(self.sink_blocks, num_full - self.local_blocks), num_blocks)
-        return sink + list(local)
+        """Logical blocks held in the window for a request of `num_tokens`, ascending (the decode step's
+        window_geometry, for one request)."""
+        blocks, _, valid = window_geometry(torch.tensor([num_tokens]), block_size=self.block_size,
+                                           sink_blocks=self.sink_blocks, local_blocks=self.local_blocks)
+        return blocks[valid].tolist()
 
     def forced_blocks(self, num_tokens: int) -> list[int]:
         """Full blocks that the window always holds (sink + local): never resident, never CPU."""

@@ -1,0 +1,160 @@
+"""The scout backend under SGLang's breakable decode CUDA graphs, driven on the CPU.
+
+What SGLang's graph runner does, step by step (sglang 0.5.23, decode_cuda_graph_runner
+and the breakable graph backend): init_cuda_graph_state; capture at the
+largest batch with a dummy batch (init_forward_metadata_out_graph(in_capture=True),
+a warm-up that runs the real bodies, then the capture, where functions marked
+eager_on_graph are recorded as breaks between segments); then every replay:
+the live rows copied into the static buffers and the rest padded (request slot
+0, the fill length), init_forward_metadata_out_graph(replay view), and the
+segments and breaks replayed over the capture's tensors. Here the segments
+(the projections) are emulated by writing the live q/k/v into the captured
+buffers; the breaks are SGLang's own recorded callables. The graph backend
+needs CUDA, the break machinery does not.
+
+Checked: a replay at the captured size and at a smaller, padded batch with
+longer contexts gives the eager backend's outputs for the live rows, and no
+captured or engine buffer is reallocated between replays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unittest
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
+    breakable_cuda_graph as bcg,
+)
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
+    enable_breakable_cuda_graph,
+)
+from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
+
+from scout_sglang.sglang_adapter import plugin  # noqa: E402
+
+CAPTURE_BS, PREFIX = 4, (30, 41, 23, 36)
+
+
+@pytest.fixture(autouse=True)
+def settings(monkeypatch):
+    # A sparse budget over these short contexts: selection, resident buffer and CPU part all take part.
+    for name, value in dict(SCOUT_KV_POOL="stock", SCOUT_BLOCK_SIZE="4", SCOUT_TOKEN_BUDGET="16", SCOUT_DENSE_LAYERS="",
+                            SCOUT_SINK_BLOCKS="1", SCOUT_LOCAL_BLOCKS="1", SCOUT_RECALL_POLICY="interval",
+                            SCOUT_RECALL_INTERVAL="1", SCOUT_CPU_GROUPS="1").items():
+        monkeypatch.setenv(name, value)
+    plugin.register()
+    with torch.no_grad():
+        yield
+
+
+class FakeCapture:
+    """What eager_on_graph touches on SGLang's capture object (no CUDA graph behind it)."""
+
+    def __init__(self):
+        self.cuda_graph = SimpleNamespace(_break_fns=[])
+        self._barrier_fn = None
+
+    def _end_current_segment(self):
+        pass
+
+    def _begin_new_segment(self):
+        pass
+
+
+def build():
+    case = kit.DenseAttentionCase(name="scout_graphs", backend="scout", forward_mode=ForwardMode.DECODE,
+                                  num_heads=4, num_kv_heads=2, page_size=1, prefix_lens=PREFIX)
+    fixture = kit.build_dense_attention_fixture(unittest.TestCase(), case, device="cpu", dtype=torch.bfloat16)
+    assert type(fixture.backend).__name__ == "ScoutAttnBackend"
+    return fixture
+
+
+def step_batch(fixture, rows: int, step: int):
+    """The fixture's decode batch for its first `rows` requests, `step` tokens later."""
+    fb = fixture.forward_batch
+    seq_lens = fb.seq_lens[:rows] + step
+    return dataclasses.replace(
+        fb, batch_size=rows, req_pool_indices=fb.req_pool_indices[:rows], seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(seq_lens.sum()), positions=fb.positions[:rows] + step,
+        out_cache_loc=fb.out_cache_loc[:rows], input_ids=fb.input_ids[:rows])  # the engine holds its own K/V
+
+
+def attention(fixture, q, k, v, fb):
+    """The model's attention call (RadixAttention -> backend.forward), as SGLang's model makes it."""
+    with forward_context(ForwardContext(attn_backend=fixture.backend)):
+        return fixture.actual_module.attn(q, k, v, fb)
+
+
+def eager_attention(fixture, fb, hidden):
+    q, k, v = fixture.actual_module.project_qkv(hidden)
+    fixture.backend.init_forward_metadata(fb)
+    return attention(fixture, q, k, v, fb)
+
+
+def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
+    eager, graph = build(), build()
+    backend, module = graph.backend, graph.actual_module
+    hidden = [torch.randn(CAPTURE_BS, module.hidden_size, dtype=torch.bfloat16) for _ in range(2)]
+    # Static buffers of the captured graph: the projections' outputs and the attention output.
+    q, k, v = (t.clone() for t in module.project_qkv(hidden[0]))
+    out = None
+    backend.init_cuda_graph_state(CAPTURE_BS, CAPTURE_BS)
+    capture_fb = step_batch(graph, CAPTURE_BS, 0)
+    backend.init_forward_metadata_out_graph(capture_fb, in_capture=True)
+    with enable_breakable_cuda_graph():
+        warmup = attention(graph, q, k, v, capture_fb)  # a warm-up: the real body, nothing planned
+        assert torch.count_nonzero(warmup) == 0
+        capture = FakeCapture()
+        token = bcg._current_capture_var.set(capture)
+        try:
+            out = attention(graph, q, k, v, capture_fb)
+        finally:
+            bcg._current_capture_var.reset(token)
+    assert len(capture.cuda_graph._break_fns) == 1, "the engine's layer call is one break"
+    engine = backend.engine
+    buffers = lambda: [out.data_ptr(), q.data_ptr()] + [t.data_ptr() for t in (
+        *engine.offloaded.dev_k.values(), *engine.offloaded.host_k.values(), *engine._handoff.q.values(),
+        *engine._handoff.out_o.values())]  # noqa: E731
+    before = buffers()
+    for step, rows in enumerate((CAPTURE_BS, 2)):
+        fb = step_batch(eager, rows, step)
+        expected = eager_attention(eager, fb, hidden[step][:rows])
+        live_q, live_k, live_v = module.project_qkv(hidden[step][:rows])
+        for static, live in ((q, live_q), (k, live_k), (v, live_v)):  # the segment before the break
+            static[:rows] = live
+        padded = step_batch(graph, CAPTURE_BS, step)
+        padded.req_pool_indices[rows:] = 0
+        padded.seq_lens_cpu[rows:] = backend.get_cuda_graph_seq_len_fill_value()
+        view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
+                               req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
+                               seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
+                               out_cache_loc=padded.out_cache_loc[:rows])
+        backend.init_forward_metadata_out_graph(view)
+        for replay_break in capture.cuda_graph._break_fns:
+            replay_break()
+        torch.testing.assert_close(out[:rows], expected, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
+        assert torch.count_nonzero(out[rows:]) == 0, "padded rows must stay zero"
+        assert buffers() == before, f"step {step}: a buffer was reallocated"
+    assert backend.last_telemetry.totals().cpu_blocks > 0, "the CPU part never ran"
+    engine.close()
+    eager.backend.engine.close()
+
+
+def test_capture_batches_beyond_the_request_slots_are_refused():
+    backend = build().backend
+    with pytest.raises(RuntimeError, match="request slots"):
+        backend.init_cuda_graph_state(backend.engine.max_requests + 1, 1)
+    backend.engine.close()
+
+
+def test_the_backend_is_registered_for_the_graph_runner():
+    assert "scout" in ATTENTION_BACKENDS

@@ -68,7 +68,8 @@ def test_a_batch_with_twice_the_device_budget_in_context_decodes_together_and_ex
     assert memory["layout"] == "logical" and memory["dense_layers"] == [0]
     # Everything the device holds for K/V (every part the engine allocates, and SGLang's placeholder pool),
     # allocated for all 8 slots and 9216 tokens, fits the stock budget; the dense layer holds every token slot.
-    assert memory["dense_layer_bytes_allocated"] == memory["token_slots"] * LAYER_TOKEN_BYTES
+    scratch_page = 16  # tokens of the one scratch page every engine store has (tiny preset: blocks of 16)
+    assert memory["dense_layer_bytes_allocated"] == (memory["token_slots"] + scratch_page) * LAYER_TOKEN_BYTES
     assert memory["device_bytes_allocated"] == sum(memory[part] for part in DEVICE_PARTS) + memory["sglang_pool_device_bytes"]
     assert memory["device_bytes_allocated"] <= DEVICE_BUDGET * TOKEN_BYTES
     assert "scout memory (logical KV pool)" in log.read_text()
@@ -90,7 +91,7 @@ def test_a_dense_layer_adds_its_full_store_to_the_reported_device_bytes(llama_di
     assert offloaded["dense_layer_bytes_allocated"] == 0
     slots = dense["token_slots"]
     assert slots == 2048 + dense["request_slots"] * 16 and dense["request_slots"] >= 8  # blocks of 16 (tiny)
-    full_store = slots * LAYER_TOKEN_BYTES
+    full_store = (slots + 16) * LAYER_TOKEN_BYTES  # and the scratch page of 16 tokens
     assert dense["dense_layer_bytes_allocated"] == full_store
     one_offloaded_layer = (offloaded["digest_bytes_allocated"] + offloaded["window_and_resident_bytes_allocated"]) // LAYERS
     assert dense["device_bytes_allocated"] - offloaded["device_bytes_allocated"] == full_store - one_offloaded_layer

@@ -27,9 +27,8 @@ are always disjoint and together cover the selection.
 from __future__ import annotations
 
 import os
-import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -39,11 +38,11 @@ from scout_sglang.config import ScoutConfig
 from scout_sglang.core import recall
 from scout_sglang.core.cpu_handoff import CpuHandoff
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.core.step_plan import PlanTransfer, StepPlan, bucket, pad_where, ring_index, window_geometry
+from scout_sglang.core.step_plan import PlanTransfer, StepPlan, bucket, pad_where, plan_fields, ring_index
 from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
 from scout_sglang.core.timing import SectionTimer
-from scout_sglang.core.trace import DecisionTrace, LayerDecision, block_lists
+from scout_sglang.core.trace import DecisionTrace, LayerDecision, full_layer_decision, offloaded_layer_decision
 from scout_sglang.layout import PAD_BLOCK
 
 RESIDENT_MODES = ("scout", "infinigen")
@@ -85,7 +84,7 @@ class LayerSelection:
     cpu_blocks: torch.Tensor | None = None  # [B, Hkv, C] logical, PAD past cpu_counts
     cpu_counts: torch.Tensor | None = None
     launched: bool = False  # a CPU part is in flight for this layer
-    extra: dict = field(default_factory=dict)
+    query: torch.Tensor | None = None  # [B, Hq, D] the query it was made with (predicted or real)
 
 
 class CoAttentionEngine:
@@ -314,48 +313,12 @@ class CoAttentionEngine:
         return self.plan
 
     def _build_plan(self) -> StepPlan:
-        size, batch = self.block_size, self._batch
-        slots = torch.tensor([s.slot for s in batch], dtype=torch.long)
-        after = torch.tensor([s.num_tokens + 1 for s in batch], dtype=torch.long)
-        num_full, tail = after // size, after % size
-        token_block = (after - 1) // size  # the block of the step's token
-        fills = tail == 0  # the token completes its block
-        heads = self.shape.num_kv_heads
-        last_len = torch.where(tail > 0, tail, size)
-        fields = dict(slots=slots, num_tokens=after, num_full=num_full, last_len=last_len,
-                      last_len_heads=last_len.view(-1, 1).expand(-1, heads).contiguous(),
-                      append_offset=(after - 1) % size)
-        filled = []
-        if self.offloaded_layers:
-            store, sink, local = self.offloaded, self.config.sink_blocks, self.config.local_blocks
-            host_rows = store.host_tables.table[slots]  # [B, NBcap]
-            width = self._width(int(num_full.max()) if len(batch) else 0)
-            blocks, ring, valid = window_geometry(after, block_size=size, sink_blocks=sink, local_blocks=local)
-            window_rows = store.window_page_table[slots]  # [B, W]
-            append_page = window_rows.gather(1, ring_index(token_block, sink, local).view(-1, 1)).view(-1)
-            fill_row = torch.where(fills, host_rows.gather(1, token_block.clamp(max=self.max_blocks - 1).view(-1, 1))
-                                   .view(-1), store.host_scratch_page)
-            forced = pad_where(valid & (blocks < num_full.view(-1, 1)), blocks)
-            fields.update(host_table=host_rows[:, :width].contiguous(), window_pages=pad_where(valid, window_rows.gather(1, ring)),
-                          window_blocks=pad_where(valid, blocks), forced_blocks=forced,
-                          forced_heads=forced.view(len(batch), 1, -1).expand(-1, heads, -1).contiguous(),
-                          resident_pages=store.resident_page_table[slots], window_append_page=append_page,
-                          fill_host_row=fill_row)
-            if self.config.recall_policy == "interval":
-                steps = torch.tensor([s.steps + 1 for s in batch], dtype=torch.long)
-                fields["recall_due"] = torch.stack([steps % self.config.interval_for_layer(l) == 0
-                                                    for l in self.offloaded_layers]).to(torch.int32)
-            filled = [(page, row, b) for b, (page, row, fill) in
-                      enumerate(zip(append_page.tolist(), fill_row.tolist(), fills.tolist())) if fill]
-        if self.full_layers:
-            full_rows = self.full_store.tables.table[slots]
-            num_blocks = (after + size - 1) // size
-            append_page = full_rows.gather(1, token_block.view(-1, 1)).view(-1)
-            full_table = full_rows[:, : self._width(int(num_blocks.max()) if len(batch) else 0)].contiguous()
-            fields.update(full_table=full_table, num_blocks=num_blocks, full_append_page=append_page,
-                          full_lists=full_table.view(len(batch), 1, -1).expand(-1, heads, -1).contiguous(),
-                          full_counts=num_blocks.view(-1, 1).expand(-1, heads).contiguous(),
-                          fill_full_row=torch.where(fills, append_page, self.full_store.scratch_page))
+        batch = self._batch
+        fields, filled = plan_fields(
+            [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch],
+            config=self.config, num_kv_heads=self.shape.num_kv_heads, width=self._width,
+            offloaded=self.offloaded if self.offloaded_layers else None,
+            full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers)
         on_device = self._plan_transfer({name: t.to(torch.int32) for name, t in fields.items()})
         plan = StepPlan(batch_size=len(batch), rids=[s.rid for s in batch], filled=filled, **on_device)
         plan.slots = plan.slots.long()
@@ -399,7 +362,7 @@ class CoAttentionEngine:
         scout: select, split off the resident blocks, launch the CPU attention.
         infinigen: select and recall the selected blocks into the resident buffer.
         """
-        if not self.wants_prediction(layer):
+        if not self.wants_prediction(layer) or self.plan is None:  # no step planned: nothing to predict for
             return
         self._selection[layer] = self._prepare(layer, q_pred)
         if self.config.mode == "scout":
@@ -475,7 +438,8 @@ class CoAttentionEngine:
             front = self._run_front(layer, q)
         self._issue_copies(layer, front.fill_moves)
         self._issue_copies(layer, front.recall_moves)
-        selection = LayerSelection(front.selected, front.counts, front.scores, front.cpu_blocks, front.cpu_counts)
+        selection = LayerSelection(front.selected, front.counts, front.scores, front.cpu_blocks, front.cpu_counts,
+                                   query=q)
         if self.config.mode in CPU_MODES:
             store = self.offloaded
             self._handoff.submit(layer, q, front.cpu_pages, front.cpu_counts, store.host_k[layer], store.host_v[layer],
@@ -593,8 +557,7 @@ class CoAttentionEngine:
         """An offloaded layer's device part: append the token (and the digest of the block it completes; its host
         copy waits for end_step, the block stays in the local window until long after), then attention over the
         resident blocks (infinigen: the selected ones) and the window -> (o, lse)."""
-        plan, store = self.plan, self.offloaded
-        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
+        plan, store, num_kv_heads = self.plan, self.offloaded, self.shape.num_kv_heads
         dev_k, dev_v = store.dev_k[layer], store.dev_v[layer]
         dev_k[plan.window_append_page, :, plan.append_offset] = k_new.to(dev_k.dtype)
         dev_v[plan.window_append_page, :, plan.append_offset] = v_new.to(dev_v.dtype)
@@ -665,44 +628,11 @@ class CoAttentionEngine:
     def _resident_rows(self, layer) -> list:
         return self.offloaded.resident_map[layer][self.plan.slots].tolist()
 
-    def _counts_after(self) -> list[int]:
-        return [s.num_tokens + 1 for s in self._batch]
-
     def _trace_full(self, layer, selected, counts):
-        """Device-full layer: every block, or quest's selection plus the partial tail."""
-        batch, heads, size = len(self._batch), self.shape.num_kv_heads, self.block_size
-        counts_after = self._counts_after()
-        if selected is None:
-            device = [[list(range(ceil_div(n, size)))] * heads for n in counts_after]
-        else:
-            selected = block_lists(selected, counts, batch, heads)
-            device = [[blocks + ([n // size] if n % size else []) for blocks in rows]
-                      for rows, n in zip(selected, counts_after)]
-        self.trace.record(LayerDecision(
-            self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=False,
-            selected=selected, device_blocks=device, cpu_blocks=block_lists(None, None, batch, heads)))
+        self.trace.record(full_layer_decision(self, layer, selected, counts))
 
     def _trace_offloaded(self, layer, selection) -> LayerDecision:
-        """Offloaded layer: resident blocks (the selected ones for infinigen) then the window, as _device_part lists them."""
-        batch, heads = len(self._batch), self.shape.num_kv_heads
-        counts_after = self._counts_after()
-        resident = self._resident_rows(layer) if self.config.mode in RESIDENT_MODES else None
-        selected = block_lists(selection.selected, selection.counts, batch, heads)
-        device = []
-        for b, n in enumerate(counts_after):
-            window = self.offloaded.window_blocks(n)
-            rows = []
-            for h in range(heads):
-                held = [] if resident is None else [j for j in resident[b][h] if j != PAD_BLOCK]
-                if self.config.mode == "infinigen":
-                    held = [j for j in held if j in set(selected[b][h])]
-                rows.append(held + window)
-            device.append(rows)
-        cpu = block_lists(None, None, batch, heads)
-        if selection.launched:
-            cpu = block_lists(selection.cpu_blocks, selection.cpu_counts, batch, heads)
-        return LayerDecision(self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=True,
-                             selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)
+        return offloaded_layer_decision(self, layer, selection)
 
 
 def compact_lists(pages: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

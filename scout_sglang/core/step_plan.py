@@ -126,3 +126,54 @@ class PlanTransfer:
 
 def pad_where(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, torch.full_like(values, PAD_BLOCK))
+
+
+def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, config, num_kv_heads: int, width,
+                offloaded, full_store, offloaded_layers) -> tuple[dict[str, torch.Tensor], list]:
+    """The host tensors of a StepPlan, and the blocks the step's tokens complete (for end_step's host copies).
+
+    slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
+    width(needed) gives a page table's column count; offloaded / full_store: the engine's stores, or None
+    where it has no layer of that kind."""
+    size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
+    slots = torch.tensor(slots, dtype=torch.long)
+    after = torch.tensor(num_tokens, dtype=torch.long)
+    num_full, tail = after // size, after % size
+    token_block = (after - 1) // size  # the block of the step's token
+    fills = tail == 0  # the token completes its block
+    last_len = torch.where(tail > 0, tail, size)
+    fields = dict(slots=slots, num_tokens=after, num_full=num_full, last_len=last_len,
+                  last_len_heads=last_len.view(-1, 1).expand(-1, heads).contiguous(),
+                  append_offset=(after - 1) % size)
+    filled = []
+    if offloaded is not None:
+        sink, local = config.sink_blocks, config.local_blocks
+        host_rows = offloaded.host_tables.table[slots]  # [B, NBcap]
+        blocks, ring, valid = window_geometry(after, block_size=size, sink_blocks=sink, local_blocks=local)
+        window_rows = offloaded.window_page_table[slots]  # [B, W]
+        append_page = window_rows.gather(1, ring_index(token_block, sink, local).view(-1, 1)).view(-1)
+        last_column = host_rows.shape[1] - 1
+        fill_row = torch.where(fills, host_rows.gather(1, token_block.clamp(max=last_column).view(-1, 1)).view(-1),
+                               offloaded.host_scratch_page)
+        forced = pad_where(valid & (blocks < num_full.view(-1, 1)), blocks)
+        fields.update(host_table=host_rows[:, : width(int(num_full.max()) if batch_size else 0)].contiguous(),
+                      window_pages=pad_where(valid, window_rows.gather(1, ring)), window_blocks=pad_where(valid, blocks),
+                      forced_blocks=forced, forced_heads=forced.view(batch_size, 1, -1).expand(-1, heads, -1).contiguous(),
+                      resident_pages=offloaded.resident_page_table[slots], window_append_page=append_page,
+                      fill_host_row=fill_row)
+        if config.recall_policy == "interval":
+            step = torch.tensor(steps, dtype=torch.long)
+            fields["recall_due"] = torch.stack([step % config.interval_for_layer(layer) == 0
+                                                for layer in offloaded_layers]).to(torch.int32)
+        filled = [(page, row, b) for b, (page, row, fill) in
+                  enumerate(zip(append_page.tolist(), fill_row.tolist(), fills.tolist())) if fill]
+    if full_store is not None:
+        full_rows = full_store.tables.table[slots]
+        num_blocks = (after + size - 1) // size
+        append_page = full_rows.gather(1, token_block.view(-1, 1)).view(-1)
+        full_table = full_rows[:, : width(int(num_blocks.max()) if batch_size else 0)].contiguous()
+        fields.update(full_table=full_table, num_blocks=num_blocks, full_append_page=append_page,
+                      full_lists=full_table.view(batch_size, 1, -1).expand(-1, heads, -1).contiguous(),
+                      full_counts=num_blocks.view(-1, 1).expand(-1, heads).contiguous(),
+                      fill_full_row=torch.where(fills, append_page, full_store.scratch_page))
+    return fields, filled

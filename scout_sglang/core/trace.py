@@ -62,3 +62,43 @@ def block_lists(blocks: torch.Tensor | None, counts: torch.Tensor | None, batch_
         return [[[] for _ in range(num_kv_heads)] for _ in range(batch_size)]
     blocks, counts = blocks.cpu(), counts.cpu()
     return [[blocks[b, h, : int(counts[b, h])].tolist() for h in range(num_kv_heads)] for b in range(batch_size)]
+
+
+def full_layer_decision(engine, layer: int, selected, counts) -> LayerDecision:
+    """A device-full layer of the engine's current step: every block, or quest's selection plus the partial tail."""
+    batch = engine._batch
+    heads, size = engine.shape.num_kv_heads, engine.block_size
+    counts_after = [s.num_tokens + 1 for s in batch]
+    if selected is None:
+        device = [[list(range(-(-n // size)))] * heads for n in counts_after]
+    else:
+        selected = block_lists(selected, counts, len(batch), heads)
+        device = [[blocks + ([n // size] if n % size else []) for blocks in rows]
+                  for rows, n in zip(selected, counts_after)]
+    return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=False,
+                         selected=selected, device_blocks=device, cpu_blocks=block_lists(None, None, len(batch), heads))
+
+
+def offloaded_layer_decision(engine, layer: int, selection) -> LayerDecision:
+    """An offloaded layer of the engine's current step: resident blocks (the selected ones for infinigen) then
+    the window, in the order the device part lists them; the CPU lists when a CPU part was launched."""
+    batch = engine._batch
+    heads, mode = engine.shape.num_kv_heads, engine.config.mode
+    counts_after = [s.num_tokens + 1 for s in batch]
+    resident = engine._resident_rows(layer) if mode in ("scout", "infinigen") else None
+    selected = block_lists(selection.selected, selection.counts, len(batch), heads)
+    device = []
+    for b, n in enumerate(counts_after):
+        window = engine.offloaded.window_blocks(n)
+        rows = []
+        for h in range(heads):
+            held = [] if resident is None else [j for j in resident[b][h] if j != PAD_BLOCK]
+            if mode == "infinigen":
+                held = [j for j in held if j in set(selected[b][h])]
+            rows.append(held + window)
+        device.append(rows)
+    cpu = block_lists(None, None, len(batch), heads)
+    if selection.launched:
+        cpu = block_lists(selection.cpu_blocks, selection.cpu_counts, len(batch), heads)
+    return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=True,
+                         selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)

@@ -17,7 +17,6 @@ its selection and CPU attention start one layer early (layer_ahead.py).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -32,7 +31,7 @@ from scout_sglang.sglang_adapter.graph_breaks import (
     use_breakable_decode_graphs,
 )
 from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
-from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, prediction_problems
+from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
@@ -60,6 +59,13 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
     if not str(getattr(server_args, "kv_cache_dtype", "auto")).startswith(("auto", "bf16", "bfloat16", "float16", "fp16")):
         reasons.append(f"--kv-cache-dtype {server_args.kv_cache_dtype}: the host store and CPU kernel hold "
                        "16-bit K/V; use --kv-cache-dtype auto")
+    model = getattr(model_runner, "model", None)
+    if scout.mode in ("scout", "infinigen") and scout.layer_ahead and decoder_layers(model):
+        # A model whose layers cannot predict (quantized weights) is refused; one without decoder layers
+        # at all (SGLang's minimal test runner) runs without prediction, with a warning (ScoutAttnBackend).
+        for problem in prediction_problems(model, model_runner.model_config.num_hidden_layers):
+            reasons.append(f"layer-ahead prediction: {problem}; set SCOUT_LAYER_AHEAD=0 to select with the "
+                           "real query in the same layer")
     return reasons
 
 
@@ -98,7 +104,7 @@ class ScoutAttnBackend:
             raise RuntimeError(f"the scout KV pool should be {expected!r} but SGLang built {self.layout!r}: the hook on "
                                "its KV cache configurator did not attach (is this sglang 0.5.23?)")
         self.inner = stock_backend(model_runner) if self.layout == "stock" else None
-        tp_size = getattr(model_runner, "tp_size", 1)
+        tp_size = attention_tp_size()
         # Layer count, heads and dtype come from the KV pool (what SGLang's minimal runners also have).
         self.shape = ModelShape(num_layers=pool.layer_num,
                                 num_qo_heads=model_runner.model_config.num_attention_heads // tp_size,
@@ -236,6 +242,7 @@ class ScoutAttnBackend:
         if out.shape[0] > rows:
             out[rows:] = 0
         if layer_id == self.shape.num_layers - 1:
+            self._graph_rows = None
             self.last_telemetry = self.engine.end_step()
             self.stats.add_step(self.last_telemetry)
             if self.metrics is not None:
@@ -260,7 +267,7 @@ class ScoutAttnBackend:
     # -- layer-ahead ---------------------------------------------------------------
     def _on_prediction(self, layer: int, q_pred: torch.Tensor) -> None:
         rows = self._graph_rows or 0
-        if rows == 0:  # a graph warm-up: nothing planned
+        if rows == 0 or self.engine.plan is None:  # no decode step planned (a graph warm-up, another backend's batch)
             return
         q_pred = q_pred[:rows]
         self._predicted[layer] = q_pred
@@ -331,6 +338,17 @@ class ScoutAttnBackend:
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]
             self.engine.prefill(rid, layer_id, k, v)
+
+
+def attention_tp_size() -> int:
+    """Attention tensor-parallel ranks (query heads are split across them), from SGLang's parallel state;
+    1 where there is none (SGLang's minimal test runners)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return get_parallel().attn_tp_size
+    except Exception:  # noqa: BLE001 - no parallel state was set up: a single rank
+        return 1
 
 
 def _host_list(forward_batch, name: str) -> list[int]:

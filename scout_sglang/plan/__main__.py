@@ -74,7 +74,11 @@ def main(argv=None) -> int:
         return 2
     print(json.dumps(json_report(result)) if args.json else text_report(result))
     if args.plot:
-        plot(result, args.plot)
+        try:
+            plot(result, args.plot)
+        except ImportError as error:  # matplotlib is a dev dependency, not the package's
+            print(f"error: --plot needs matplotlib ({error})", file=sys.stderr)
+            return 2
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 

@@ -71,6 +71,7 @@ def check_decode_args(
     out_lse: object,
     seq_ids: object,
     layer: object,
+    check_values: bool = True,
 ) -> DecodeDims:
     """Validate a submit; return its sizes or raise TypeError/ValueError.
 
@@ -78,6 +79,8 @@ def check_decode_args(
     block_table [B, Hkv, C] int32; counts [B, Hkv] int32 with 0 <= counts <= C
     and counted page ids in [0, P); out_o [B, Hq, D] fp32 or dtype of q;
     out_lse [B, Hq] fp32; seq_ids None or B ints; layer int >= 0; scale > 0.
+    check_values=False skips the ranges of counts and page ids (they are read
+    back from the tensors): the decode step's workers check them instead.
     """
     q = _tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES)
     k_cache = _tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,))
@@ -109,8 +112,8 @@ def check_decode_args(
             raise TypeError(f"seq_ids must be None or a sequence of {batch_size} ints, got {type(seq_ids).__name__}")
         if len(seq_ids) != batch_size:
             raise ValueError(f"seq_ids must have {batch_size} entries (one per sequence), got {len(seq_ids)}")
-    if batch_size > 0 and num_kv_heads > 0:
-        _check_block_lists(block_table, counts, num_pages=num_pages)
+    if check_values and batch_size > 0 and num_kv_heads > 0:
+        check_block_lists(block_table, counts, num_pages=num_pages)
     return DecodeDims(
         batch_size=batch_size,
         num_qo_heads=num_qo_heads,
@@ -123,7 +126,7 @@ def check_decode_args(
     )
 
 
-def _check_block_lists(block_table: torch.Tensor, counts: torch.Tensor, *, num_pages: int) -> None:
+def check_block_lists(block_table: torch.Tensor, counts: torch.Tensor, *, num_pages: int) -> None:
     capacity = block_table.shape[2]
     low, high = int(counts.min()), int(counts.max())
     if low < 0 or high > capacity:

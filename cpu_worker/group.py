@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from scout_sglang.cpu_worker.checks import check_block_lists
 from scout_sglang.cpu_worker.partition import WorkItem, merge_partials, plan_work
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class ThreadGroup:
         T, threads in the group (leader included).
     kernel : NativeKernel | TorchKernel
     tasks : queue.SimpleQueue
-        The pool's queue of (handle, batch_index) tasks; STOP ends the leader.
+        The pool's queue of (handle, batch_index) tasks, or (handle, part) for a
+        submit_batch (handle.num_parts > 0); STOP ends the leader.
     cores : list of int or None
         One CPU per thread to pin to, or None.
     started : queue.SimpleQueue
@@ -104,13 +106,16 @@ class ThreadGroup:
         scratch = self._set_up(core)
         try:
             while (task := self._tasks.get()) is not STOP:
-                handle, batch_index = task
+                handle, index = task
+                if handle.num_parts:
+                    self._run_part(handle, index, scratch)
+                    continue
                 try:
-                    self._run_task(handle, batch_index, scratch)
+                    self._run_task(handle, index, scratch)
                 except Exception as exc:  # noqa: BLE001 - surfaced by wait()
-                    handle._task_done(batch_index, exc)
+                    handle._task_done(index, exc)
                 else:
-                    handle._task_done(batch_index, None)
+                    handle._task_done(index, None)
         finally:
             for inbox in self._inboxes:
                 inbox.put(STOP)
@@ -127,6 +132,25 @@ class ThreadGroup:
                 self._done.put(None)
 
     # -- work -------------------------------------------------------------------
+
+    def _run_part(self, handle: CpuAttentionHandle, part: int, scratch: object) -> None:
+        """Part `part` of a submit_batch: sequences part, part + num_parts, ... once the inputs have landed."""
+        batch = range(part, handle.batch_size, handle.num_parts)
+        try:
+            if handle.ready is not None:
+                handle.ready.synchronize()
+            check_block_lists(handle.block_table, handle.counts, num_pages=handle.k_cache.shape[0])
+        except Exception as exc:  # noqa: BLE001 - every sequence of the part fails with it
+            for batch_index in batch:
+                handle._task_done(batch_index, exc)
+            return
+        for batch_index in batch:
+            try:
+                self._run_task(handle, batch_index, scratch)
+            except Exception as exc:  # noqa: BLE001 - surfaced by wait()
+                handle._task_done(batch_index, exc)
+            else:
+                handle._task_done(batch_index, None)
 
     def _run_task(self, handle: CpuAttentionHandle, batch_index: int, scratch: object) -> None:
         items = plan_work(handle.counts_rows[batch_index], len(self.threads))

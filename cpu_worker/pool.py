@@ -30,7 +30,8 @@ class CpuAttentionHandle:
     buffers stay alive while worker threads write them.
     """
 
-    def __init__(self, q, k_cache, v_cache, block_table, counts, *, scale, out_o, out_lse, seq_ids, layer):
+    def __init__(self, q, k_cache, v_cache, block_table, counts, *, scale, out_o, out_lse, seq_ids, layer,
+                 ready=None, num_parts: int = 0):
         self.q, self.k_cache, self.v_cache = q, k_cache, v_cache
         self.block_table, self.counts = block_table, counts
         self.out_o, self.out_lse = out_o, out_lse
@@ -38,13 +39,23 @@ class CpuAttentionHandle:
         self.layer = layer
         self.batch_size = q.shape[0]
         self.seq_ids = list(seq_ids) if seq_ids is not None else list(range(self.batch_size))
-        self.counts_rows: list[list[int]] = counts.tolist()  # [B][Hkv], for work planning
+        self.ready = ready  # None, or an object whose synchronize() returns once the inputs have landed
+        self.num_parts = num_parts  # 0: one task per sequence; n: n tasks, part p takes sequences p, p + n, ...
+        self._counts_rows: list[list[int]] | None = None
         self._lock = threading.Lock()
         self._remaining = self.batch_size
         self._errors: dict[int, BaseException] = {}
         self._done = threading.Event()
         if self.batch_size == 0:
             self._done.set()
+
+    @property
+    def counts_rows(self) -> list[list[int]]:
+        """[B][Hkv] listed blocks, for work planning; read by a worker thread, once, after `ready`."""
+        with self._lock:
+            if self._counts_rows is None:
+                self._counts_rows = self.counts.tolist()
+            return self._counts_rows
 
     def done(self) -> bool:
         """True once every task of the submit has finished (or failed)."""
@@ -188,6 +199,45 @@ class CpuAttentionPool:
                 raise RuntimeError("submit() on a CpuAttentionPool that was shut down")
             for b in range(handle.batch_size):
                 self._tasks.put((handle, b))
+        return handle
+
+    def submit_batch(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        counts: torch.Tensor,
+        *,
+        scale: float,
+        out_o: torch.Tensor,
+        out_lse: torch.Tensor,
+        seq_ids: Sequence[int] | None = None,
+        layer: int = 0,
+        ready=None,
+    ) -> CpuAttentionHandle:
+        """`submit` for the decode step: one queue entry per thread group, not per sequence, and no value
+        of the inputs read on the calling thread.
+
+        Arguments as in `submit`. `ready` (optional) has a `synchronize()` that returns once the inputs have
+        landed (a CUDA event recorded after the copies into them); the workers call it before reading. The
+        block lists are validated by the workers, and a bad list fails the wait, naming the sequence.
+        """
+        check_decode_args(
+            q, k_cache, v_cache, block_table, counts,
+            scale=scale, out_o=out_o, out_lse=out_lse, seq_ids=seq_ids, layer=layer, check_values=False,
+        )  # fmt: skip
+        parts = min(len(self._groups), q.shape[0]) or 1
+        handle = CpuAttentionHandle(
+            q, k_cache, v_cache, block_table, counts,
+            scale=scale, out_o=out_o, out_lse=out_lse, seq_ids=seq_ids, layer=layer, ready=ready, num_parts=parts,
+        )  # fmt: skip
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("submit_batch() on a CpuAttentionPool that was shut down")
+            if handle.batch_size:
+                for part in range(parts):
+                    self._tasks.put((handle, part))
         return handle
 
     def wait(self, handle: CpuAttentionHandle, timeout: float | None = None) -> None:

@@ -7,6 +7,7 @@ imports neither Triton nor FlashInfer and does not initialise CUDA.
 Layout of every paged argument: scout_sglang.layout.
 """
 
+from scout_sglang.kernels.block_copy import copy_block_rows
 from scout_sglang.kernels.digest import build_digests, digest_blocks, update_digests
 from scout_sglang.kernels.dispatch import select_impl
 from scout_sglang.kernels.merge import merge_attention_states, merge_attention_states_
@@ -17,6 +18,7 @@ from scout_sglang.kernels.split import SplitResult, split_selection
 __all__ = [
     "SplitResult",
     "build_digests",
+    "copy_block_rows",
     "digest_blocks",
     "merge_attention_states",
     "merge_attention_states_",

@@ -44,6 +44,7 @@ def update_digests(
     digest_min: torch.Tensor,
     digest_max: torch.Tensor,
     *,
+    rows: torch.Tensor | None = None,
     impl: str | None = None,
 ) -> None:
     """Recompute the digests of the pages that just filled, in place.
@@ -53,11 +54,16 @@ def update_digests(
     k_cache : [P, Hkv, S, D]
     page_ids : [n] int32, same device; rows of the digests to rewrite
     digest_min, digest_max : [P, Hkv, D], dtype of k_cache; other rows untouched
+    rows : optional [n] int32, same device; the rows to write instead of page_ids
+        (a fixed-length list may send pages with nothing to record to a scratch row)
     """
-    _check_digest_args(k_cache, "page_ids", page_ids, digest_min, digest_max, num_rows=k_cache.shape[0])
+    _check_digest_args(k_cache, "page_ids", page_ids, digest_min, digest_max, num_rows=digest_min.shape[0])
+    if rows is not None:
+        check_tensor("rows", rows, ndim=1, dtypes=(torch.int32,), device=k_cache.device)
+        check_shape("rows", rows, page_ids.shape)
     if page_ids.numel() == 0:
         return
-    _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
+    _digests_into(k_cache, page_ids, digest_min, digest_max, impl, rows=rows)
 
 
 def digest_blocks(

@@ -11,6 +11,8 @@ import functools
 import importlib.util
 import logging
 
+import torch
+
 logger = logging.getLogger("scout_sglang.kernels")
 
 IMPLS = ("flashinfer", "triton", "torch")
@@ -69,5 +71,6 @@ def select_impl(op: str, device_type: str, requested: str | None = None) -> str:
         choice = requested
     else:
         choice = next(i for i in order if is_available(i, device_type))
-    logger.info("%s on %s uses the %s implementation", op, device_type, choice)
+    if not torch.compiler.is_compiling():  # traced code (torch.compile) cannot log; the eager call did
+        logger.info("%s on %s uses the %s implementation", op, device_type, choice)
     return choice

@@ -27,6 +27,7 @@ def score_blocks(
     group_reduce: str = "max",
     out: torch.Tensor | None = None,
     impl: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Quest score of every full block of every request, per KV head.
 
@@ -40,6 +41,8 @@ def score_blocks(
     block_table : [B, NBmax] int32; page id of each logical block of a request
     num_blocks : [B] int32; full blocks of each request (<= NBmax)
     out : optional [B, Hkv, NBmax] fp32
+    validate : check index ranges by reading values back (a host sync on a GPU; the
+        decode step passes False, its plan guarantees the ranges)
 
     Returns
     -------
@@ -65,8 +68,9 @@ def score_blocks(
             f"got {tuple(block_table.shape)} and {tuple(num_blocks.shape)}"
         )
     max_blocks = block_table.shape[1]
-    check_values_in_range("num_blocks", num_blocks, 0, max_blocks)
-    check_values_in_range("block_table", block_table, -1, digest_min.shape[0] - 1)
+    if validate:  # reads values back: off in the decode step, whose plan guarantees the ranges
+        check_values_in_range("num_blocks", num_blocks, 0, max_blocks)
+        check_values_in_range("block_table", block_table, -1, digest_min.shape[0] - 1)
     if out is None:
         out = torch.empty(batch_size, num_kv_heads, max_blocks, dtype=torch.float32, device=device)
     else:
@@ -91,8 +95,10 @@ def _score_blocks_torch(q, digest_min, digest_max, block_table, num_blocks, grou
     kmin = digest_min.index_select(0, pages.flatten()).float()
     kmax = digest_max.index_select(0, pages.flatten()).float()
     max_blocks = block_table.shape[1]
-    kmin = kmin.view(batch_size, max_blocks, num_kv_heads, head_dim).permute(0, 2, 3, 1)
-    kmax = kmax.view(batch_size, max_blocks, num_kv_heads, head_dim).permute(0, 2, 3, 1)
+    # An explicit copy to [B, Hkv, D, NB] (matmul would copy by itself for some shapes only: the op
+    # sequence would then depend on the batch and head counts).
+    kmin = kmin.view(batch_size, max_blocks, num_kv_heads, head_dim).permute(0, 2, 3, 1).clone(memory_format=torch.contiguous_format)
+    kmax = kmax.view(batch_size, max_blocks, num_kv_heads, head_dim).permute(0, 2, 3, 1).clone(memory_format=torch.contiguous_format)
     qf = q.float().view(batch_size, num_kv_heads, group_size, head_dim)
     per_head = torch.matmul(qf.clamp(min=0), kmax) + torch.matmul(qf.clamp(max=0), kmin)
     scores = per_head.amax(dim=2) if group_reduce == "max" else per_head.sum(dim=2)

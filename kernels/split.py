@@ -72,5 +72,5 @@ def split_selection(
     staged.scatter_(-1, slot.long(), selected)
     wanted = keep.sum(dim=-1, dtype=torch.int32)
     counts = wanted.clamp(max=capacity)
-    blocks = staged[..., :capacity].contiguous()
+    blocks = staged[..., :capacity].clone(memory_format=torch.contiguous_format)  # always a copy: a fixed op sequence
     return SplitResult(blocks=blocks, counts=counts, dropped=wanted - counts)

@@ -34,6 +34,7 @@ class ScoutConfig:
     # default: offloading it cost accuracy and a same-layer CPU wait (configs/default.yaml says by how much).
     dense_layers: tuple[int, ...] = (0,)
     max_cpu_blocks: int | None = None  # CPU list capacity per (request, KV head); None: topk_blocks
+    max_recall_blocks: int | None = None  # (block, KV head) copies per layer and step, whole batch; None: no bound
     recall_policy: str = "adaptive"  # one of RECALL_POLICIES
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals from the offline profile
@@ -63,6 +64,14 @@ class ScoutConfig:
     @property
     def cpu_capacity(self) -> int:
         return self.topk_blocks if self.max_cpu_blocks is None else self.max_cpu_blocks
+
+    def recall_capacity(self, num_kv_heads: int, max_requests: int) -> int:
+        """(block, KV head) copies per layer and step for the whole batch. By default every request may fill
+        its whole buffer in the same step, so recall never depends on the batch a request decodes in; a smaller
+        max_recall_blocks bounds the copies, the moves past it wait (their blocks stay on the CPU meanwhile)."""
+        if self.max_recall_blocks is not None:
+            return self.max_recall_blocks
+        return max(1, max_requests * num_kv_heads * self.resident_capacity)
 
     def interval_for_layer(self, layer: int) -> int:
         """Recall interval of a layer: the profiled one if present, else the default."""
@@ -94,7 +103,7 @@ class ScoutConfig:
                 f"token_budget covers {self.topk_blocks} blocks, fewer than sink_blocks + local_blocks "
                 f"({self.sink_blocks} + {self.local_blocks})"
             )
-        for name in ("resident_blocks", "max_cpu_blocks"):
+        for name in ("resident_blocks", "max_cpu_blocks", "max_recall_blocks"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 out.append(f"{name} must be >= 0 or None, got {value}")

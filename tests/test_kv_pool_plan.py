@@ -118,7 +118,7 @@ def test_a_dense_layer_adds_its_full_store_to_the_device_bytes():
     pages = 64
     offloaded, dense = small_engine((), total_pages=pages), small_engine((0,), total_pages=pages)
     per_layer = offloaded.memory()["device_bytes_allocated"] // 3  # every offloaded layer allocates the same
-    full_store = pages * 16 * TOKEN  # token slots x K and V of a token in a layer
+    full_store = (pages + 1) * 16 * TOKEN  # token slots (and the scratch page) x K and V of a token in a layer
     assert dense.memory()["device_bytes_allocated"] == offloaded.memory()["device_bytes_allocated"] - per_layer + full_store
     assert memory_report.device_parts(dense)["dense_layer_bytes_allocated"] == full_store
 
@@ -129,7 +129,9 @@ def test_usage_reports_the_device_bytes_by_part():
                            v_buffer=[torch.zeros(8, 2, 16, dtype=torch.bfloat16)])
     usage = memory_report.usage(engine, "logical", pool, slots=2)
     assert usage["token_slots"] == 40 * 16 and usage["request_slots"] == 2
-    assert usage["dense_layer_bytes_allocated"] == usage["token_slots"] * TOKEN and usage["dense_layers"] == [0]
+    scratch_page = 16
+    assert usage["dense_layer_bytes_allocated"] == (usage["token_slots"] + scratch_page) * TOKEN
+    assert usage["dense_layers"] == [0]
     assert usage["sglang_pool_device_bytes"] == 2 * 8 * 2 * 16 * 2
     parts = sum(usage[key] for key in memory_report.DEVICE_PARTS)
     assert usage["device_bytes_allocated"] == parts + usage["sglang_pool_device_bytes"]
@@ -138,7 +140,8 @@ def test_usage_reports_the_device_bytes_by_part():
 def test_device_memory_that_cannot_hold_the_dense_layers_is_refused():
     plan = memory_report.planned_bytes(ScoutConfig(dense_layers=(0,)), num_layers=36, num_kv_heads=8, head_dim=128,
                                        itemsize=2, total_pages=2**20 // 32 + 64, slots=64)
-    assert plan["dense_layer_bytes_allocated"] == (2**20 + 64 * 32) * 4096  # 4 KiB per token: ~4 GiB at 1M tokens
+    # 4 KiB per token: ~4 GiB at 1M tokens (plus one scratch page of 32 tokens)
+    assert plan["dense_layer_bytes_allocated"] == (2**20 + 64 * 32 + 32) * 4096
     check_device_memory(plan, 2**20, free_bytes=80 * 2**30)
     with pytest.raises(RuntimeError, match=r"needs \d+\.\d+ GiB of device memory for 1048576 logical tokens "
                                            r"\(4\.01 GiB of it for the dense layers \[0\].*SCOUT_DENSE_LAYERS="):

@@ -38,6 +38,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "attend.h"
@@ -91,6 +92,26 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   }
 }
 
+// dst[dst_rows[i]] = src[src_rows[i]] for the entries whose dst row is not `skip_row`: the copies of a
+// fixed-length list whose unused entries point at a scratch row (recall, window admission). The CPU twin of
+// the device kernel that skips those entries, so the work follows the copies made, not the list's length.
+// Rows are contiguous runs of row_bytes; the wrapper (kernels/block_copy.py) checks shapes and dtypes.
+int64_t copy_rows(const torch::Tensor& src, const torch::Tensor& src_rows, const torch::Tensor& dst,
+                  const torch::Tensor& dst_rows, int64_t skip_row) {
+  const int64_t row_bytes = src.stride(0) * src.element_size();
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(dst.data_ptr());
+  const int64_t* src_index = src_rows.data_ptr<int64_t>();
+  const int64_t* dst_index = dst_rows.data_ptr<int64_t>();
+  int64_t copied = 0;
+  for (int64_t i = 0; i < src_rows.numel(); ++i) {
+    if (dst_index[i] == skip_row) continue;
+    std::memcpy(to + dst_index[i] * row_bytes, from + src_index[i] * row_bytes, row_bytes);
+    ++copied;
+  }
+  return copied;
+}
+
 // The vector ISA compiled in, and the bf16 path this process would take.
 std::string isa() {
   std::string name = kIsa;
@@ -112,6 +133,8 @@ std::string bf16_path(int64_t group_size, int64_t block_size, int64_t head_dim) 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode,
         "Sparse decode attention of one sequence over a range of KV heads (GIL released).",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("copy_rows", &copy_rows, "Row copies of a fixed-length list, skipping its scratch entries (GIL released).",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
   m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");

@@ -1,12 +1,23 @@
-"""CoAttentionEngine: one decode step of co-attention, layer by layer.
+"""CoAttentionEngine: one decode step of co-attention, planned once, run layer by layer.
 
-The framework-agnostic core of DESIGN.md section 2. A driver (the SGLang
-adapter, or the HF reference decoder) calls, per decode step:
+The framework-agnostic core of co-attention. A driver (the SGLang adapter, or
+the HF reference decoder) calls, per decode step:
 
-    begin_step(rids)
-    for layer i:  [predict(i + 1, q_pred)]   # from layer i's normalized input
+    begin_step(rids)                             # plan: host work, once
+    for layer i:  [predict(i + 1, q_pred)]       # from layer i's normalized input
                   o = attend(i, q, k_new, v_new)
-    telemetry = end_step()
+    telemetry = end_step()                       # one read of the step's counters
+
+`begin_step` allocates pages and builds a StepPlan (step_plan.py): every
+per-request quantity as a device tensor. `predict` and `attend` are then a
+fixed sequence of tensor ops per layer whatever the batch size and head
+count, with no device value read back and no Python loop over requests,
+heads or blocks: selection, the resident first fill and recall (recall.py),
+the split into device and CPU blocks, the CPU hand-off (cpu_handoff.py), the
+device sparse decode and the merge. Counters accumulate in a device tensor
+read once in `end_step`, which also copies the blocks completed in the step
+to the host store (they stay in the local window until then, so nothing reads
+them from the host before).
 
 Every decision of a step (window, forced blocks, selection, CPU set) uses the
 counts after the step's token is appended, so the device part and the CPU part
@@ -19,13 +30,16 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from scout_sglang import kernels
 from scout_sglang.config import ScoutConfig
-from scout_sglang.core import attention_lists, recall
+from scout_sglang.core import recall
+from scout_sglang.core.cpu_handoff import CpuHandoff
 from scout_sglang.core.shape import ModelShape
+from scout_sglang.core.step_plan import PlanTransfer, StepPlan, bucket, pad_where, ring_index, window_geometry
 from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
 from scout_sglang.core.timing import SectionTimer
@@ -34,6 +48,10 @@ from scout_sglang.layout import PAD_BLOCK
 
 RESIDENT_MODES = ("scout", "infinigen")
 CPU_MODES = ("scout", "hgca")
+# Columns of the per-layer counters (a device tensor [layers, 6], read once per step).
+SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED = range(6)
+COUNTER_NAMES = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks",
+                 "compared_blocks")
 
 
 @dataclass
@@ -42,21 +60,32 @@ class RequestState:
     slot: int
     num_tokens: int = 0  # tokens stored in every layer
     steps: int = 0  # decode steps completed
-    previous_selection: dict = field(default_factory=dict)  # layer -> [per head set], for the change rate
+
+
+class FrontResult(NamedTuple):
+    """What an offloaded layer decides before its attention (device tensors; None where the mode has none)."""
+
+    selected: torch.Tensor  # [B, Hkv, K] int32 logical blocks, best first, PAD past counts
+    counts: torch.Tensor  # [B, Hkv] int32
+    scores: torch.Tensor  # [B, Hkv, NB] fp32
+    fill_moves: object  # recall.RecallMoves of the first fill
+    recall_moves: object  # recall.RecallMoves of infinigen's recall
+    cpu_blocks: torch.Tensor | None  # [B, Hkv, C] int32 logical, PAD past cpu_counts
+    cpu_counts: torch.Tensor | None  # [B, Hkv] int32
+    cpu_pages: torch.Tensor | None  # [B, Hkv, C] int32 host pages of cpu_blocks
 
 
 @dataclass
 class LayerSelection:
     """Selection of one offloaded layer in the current step (device tensors)."""
 
-    selected: torch.Tensor  # [B, Hkv, K] int32 logical blocks, best first
+    selected: torch.Tensor  # [B, Hkv, K] int32 logical blocks, best first, PAD past counts
     counts: torch.Tensor  # [B, Hkv] int32
-    scores: torch.Tensor  # [B, Hkv, NBmax] fp32
+    scores: torch.Tensor  # [B, Hkv, NB] fp32
     cpu_blocks: torch.Tensor | None = None  # [B, Hkv, C] logical, PAD past cpu_counts
     cpu_counts: torch.Tensor | None = None
-    handle: object = None  # CPU pool handle
-    out_o: torch.Tensor | None = None
-    out_lse: torch.Tensor | None = None
+    launched: bool = False  # a CPU part is in flight for this layer
+    extra: dict = field(default_factory=dict)
 
 
 class CoAttentionEngine:
@@ -67,17 +96,19 @@ class CoAttentionEngine:
     config : ScoutConfig
     shape : ModelShape
     device, dtype : where and in which dtype the device-side KV lives
-    max_requests : concurrent requests
-    max_tokens_per_request : sizes the stores (host pages, device-full pages)
-    total_pages : overrides that sizing with a page count for all requests together
+    max_requests : concurrent requests (request slots)
+    max_tokens_per_request : sizes the per-request page tables (and the stores, unless total_pages is given)
+    total_pages : overrides the store sizing with a page count for all requests together
     cpu_pool : a CpuAttentionPool to use; None creates one when the mode needs it
-    track_changes : compute the block change rate (costs a little per step)
+    track_changes : compute the block change rate (costs a few ops per layer)
     trace : record every decision in `self.trace` (a DecisionTrace) for tests; off costs nothing
+    fixed_widths : page tables of a step at their full capacity (what a CUDA graph captures) instead of
+        the next power of two of the batch's longest request; default: on for CUDA
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
-                 cpu_pool=None, track_changes: bool = True, trace: bool = False):
+                 cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -86,21 +117,44 @@ class CoAttentionEngine:
         self.device, self.dtype = torch.device(device), dtype
         self.block_size = config.block_size
         self.track_changes = track_changes
+        self.fixed_widths = self.device.type == "cuda" if fixed_widths is None else fixed_widths
         offloaded = config.mode in RESIDENT_MODES + CPU_MODES
         self.offloaded_layers = tuple(l for l in range(shape.num_layers) if offloaded and l not in config.dense_layers)
         self.full_layers = tuple(l for l in range(shape.num_layers) if l not in self.offloaded_layers)
+        self.max_requests = max_requests
+        self.max_blocks = ceil_div(max_tokens_per_request, self.block_size) + 1
         pages = total_pages or max_requests * ceil_div(max_tokens_per_request, self.block_size)
-        self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, shape=shape, block_size=self.block_size,
+        self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
+                                          max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,
                                           dtype=dtype, device=self.device, with_digests=config.mode == "quest")
         self.offloaded = OffloadedStore(
-            self.offloaded_layers, num_host_pages=pages, max_requests=max_requests, shape=shape,
-            block_size=self.block_size, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
-            resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype, device=self.device,
+            self.offloaded_layers, num_host_pages=pages, max_requests=max_requests, max_blocks=self.max_blocks,
+            shape=shape, block_size=self.block_size, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
+            resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
+            device=self.device,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self._own_pool = cpu_pool is None and config.mode in CPU_MODES
         self.cpu_pool = self._make_pool() if self._own_pool else cpu_pool
+        self._handoff = None
+        if config.mode in CPU_MODES:
+            self._handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
+                                       num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool, device=self.device)
+        self._offloaded_index = {layer: i for i, layer in enumerate(self.offloaded_layers)}
+        self._selects = [l for l in self.offloaded_layers] + (
+            [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])
+        self._recall_capacity = config.recall_capacity(shape.num_kv_heads, max_requests)
+        # The device part's kernel reads its block counts on the device (Triton on CUDA): FlashInfer's
+        # decode wrapper plans from host-side lengths, which per-layer, per-head lists would need each layer.
+        self._decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
+        self._counters = torch.zeros(shape.num_layers, len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
+        self._previous = {layer: torch.full((max_requests, shape.num_kv_heads, config.topk_blocks), PAD_BLOCK,
+                                            dtype=torch.int32, device=self.device)
+                          for layer in (self._selects if track_changes else ())}
+        self._plan_transfer = PlanTransfer(self.device)
+        self.plan: StepPlan | None = None
         self._batch: list[RequestState] = []
         self._selection: dict[int, LayerSelection] = {}
         self.telemetry: StepTelemetry | None = None
@@ -120,6 +174,8 @@ class CoAttentionEngine:
                                 pin_cores="auto" if self.config.cpu_pin_cores else None, impl=self.config.cpu_impl)
 
     def close(self) -> None:
+        if self._handoff is not None:
+            self._handoff.discard()
         if self._own_pool and self.cpu_pool is not None:
             self.cpu_pool.shutdown()
             self.cpu_pool = None
@@ -133,6 +189,8 @@ class CoAttentionEngine:
         state = RequestState(rid, self._free_slots.pop())
         if self.offloaded_layers:
             self.offloaded.admit(rid, state.slot)
+        for previous in self._previous.values():
+            previous[state.slot] = PAD_BLOCK
         self.requests[rid] = state
 
     def release_request(self, rid: int) -> None:
@@ -140,9 +198,9 @@ class CoAttentionEngine:
         state = self.requests.pop(rid, None)
         if state is None:
             return
-        self.full_store.release(rid)
+        self.full_store.release(rid, state.slot)
         if self.offloaded_layers:
-            self.offloaded.release(rid)
+            self.offloaded.release(rid, state.slot)
         self._free_slots.append(state.slot)
 
     def usage(self) -> dict:
@@ -160,9 +218,10 @@ class CoAttentionEngine:
         full_kv = _nbytes(full.k, full.v)
         full_digests = _nbytes(full.digest_min, full.digest_max)
         digests, window, host = _nbytes(off.digest_min, off.digest_max), _nbytes(off.dev_k, off.dev_v), _nbytes(off.host_k, off.host_v)
-        full_used = full.pages.num_used / max(1, full.pages.num_pages)
-        host_used = off.host_pages.num_used / max(1, off.host_pages.num_pages)
-        window_used = off.device_pages.num_used / max(1, off.device_pages.num_pages)
+        # Each store has one scratch page beyond its allocator's pages (stores.py): allocated, never used.
+        full_used = full.pages.num_used / (full.pages.num_pages + 1)
+        host_used = off.host_pages.num_used / (off.host_pages.num_pages + 1)
+        window_used = off.device_pages.num_used / (off.device_pages.num_pages + 1)
         return {
             "tokens": sum(state.num_tokens for state in self.requests.values()),
             "device_bytes_allocated": full_kv + full_digests + digests + window,
@@ -171,6 +230,7 @@ class CoAttentionEngine:
             "host_bytes_used": round(host * host_used),
         }
 
+    # -- prefill (host work per chunk, outside the decode step) ------------------
     def prefill(self, rid: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store a prompt's K/V [N, Hkv, D] (post-RoPE) for one layer; the last layer commits N."""
         self.extend(rid, layer, 0, k, v)
@@ -183,13 +243,15 @@ class CoAttentionEngine:
         if start != state.num_tokens:
             raise ValueError(f"request {rid}: extend at token {start}, but {state.num_tokens} tokens are stored")
         n, end, size = k.shape[0], start + k.shape[0], self.block_size
+        if n == 0:  # an empty chunk (a request admitted with no token yet) stores nothing
+            return
         if layer in self.full_layers:
-            self.full_store.ensure_tokens(rid, end)
+            self.full_store.ensure_tokens(rid, state.slot, end)
             self.full_store.write(layer, [rid] * n, list(range(start, end)), k, v)
             self.full_store.update_digest(layer, self.full_store.page_table(rid)[start // size: end // size])
         else:
             store, first, last = self.offloaded, start // size, end // size
-            store.ensure_full_blocks(rid, last)
+            store.ensure_full_blocks(rid, state.slot, last)
             if last > first:  # blocks first..last-1 become full; block `first` may begin in the window tail
                 head = start - first * size
                 k_full = k[: last * size - start].to(self.device, self.dtype)
@@ -229,22 +291,103 @@ class CoAttentionEngine:
             v = torch.cat([v, store.dev_v[layer][page, :, :tail].transpose(0, 1)])
         return k, v
 
-    # -- one decode step -----------------------------------------------------
-    def begin_step(self, rids: list[int]) -> None:
+    # -- one decode step: plan ---------------------------------------------------
+    def begin_step(self, rids: list[int]) -> StepPlan:
+        """Plan the step of these requests (pages, metadata, window admission); returns the plan."""
+        if self._handoff is not None:
+            self._handoff.discard()  # a step that ended early left CPU parts in flight
         self._batch = [self.requests[rid] for rid in rids]
         self._selection = {}
         for state in self._batch:
             after = state.num_tokens + 1
             if self.full_layers:
-                self.full_store.ensure_tokens(state.rid, after)
+                self.full_store.ensure_tokens(state.rid, state.slot, after)
             if self.offloaded_layers:
-                self.offloaded.ensure_full_blocks(state.rid, after // self.block_size)
-            self._admit_leaving_block(state, after)
+                self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
+        self.plan = self._build_plan()
+        if self.config.mode in RESIDENT_MODES and self.offloaded.resident_blocks:
+            self._admit_leaving_blocks()
         self.telemetry = StepTelemetry(self._step_index, len(rids))
         if self.trace is not None:
-            slots = torch.tensor([s.slot for s in self._batch], dtype=torch.long)
-            self.trace.begin_step({layer: self.offloaded.resident_map[layer][slots] for layer in self.offloaded_layers})
+            self.trace.begin_step({layer: self.offloaded.resident_map[layer][self.plan.slots]
+                                   for layer in self.offloaded_layers})
+        return self.plan
 
+    def _build_plan(self) -> StepPlan:
+        size, batch = self.block_size, self._batch
+        slots = torch.tensor([s.slot for s in batch], dtype=torch.long)
+        after = torch.tensor([s.num_tokens + 1 for s in batch], dtype=torch.long)
+        num_full, tail = after // size, after % size
+        token_block = (after - 1) // size  # the block of the step's token
+        fills = tail == 0  # the token completes its block
+        heads = self.shape.num_kv_heads
+        last_len = torch.where(tail > 0, tail, size)
+        fields = dict(slots=slots, num_tokens=after, num_full=num_full, last_len=last_len,
+                      last_len_heads=last_len.view(-1, 1).expand(-1, heads).contiguous(),
+                      append_offset=(after - 1) % size)
+        filled = []
+        if self.offloaded_layers:
+            store, sink, local = self.offloaded, self.config.sink_blocks, self.config.local_blocks
+            host_rows = store.host_tables.table[slots]  # [B, NBcap]
+            width = self._width(int(num_full.max()) if len(batch) else 0)
+            blocks, ring, valid = window_geometry(after, block_size=size, sink_blocks=sink, local_blocks=local)
+            window_rows = store.window_page_table[slots]  # [B, W]
+            append_page = window_rows.gather(1, ring_index(token_block, sink, local).view(-1, 1)).view(-1)
+            fill_row = torch.where(fills, host_rows.gather(1, token_block.clamp(max=self.max_blocks - 1).view(-1, 1))
+                                   .view(-1), store.host_scratch_page)
+            forced = pad_where(valid & (blocks < num_full.view(-1, 1)), blocks)
+            fields.update(host_table=host_rows[:, :width].contiguous(), window_pages=pad_where(valid, window_rows.gather(1, ring)),
+                          window_blocks=pad_where(valid, blocks), forced_blocks=forced,
+                          forced_heads=forced.view(len(batch), 1, -1).expand(-1, heads, -1).contiguous(),
+                          resident_pages=store.resident_page_table[slots], window_append_page=append_page,
+                          fill_host_row=fill_row)
+            if self.config.recall_policy == "interval":
+                steps = torch.tensor([s.steps + 1 for s in batch], dtype=torch.long)
+                fields["recall_due"] = torch.stack([steps % self.config.interval_for_layer(l) == 0
+                                                    for l in self.offloaded_layers]).to(torch.int32)
+            filled = [(page, row, b) for b, (page, row, fill) in
+                      enumerate(zip(append_page.tolist(), fill_row.tolist(), fills.tolist())) if fill]
+        if self.full_layers:
+            full_rows = self.full_store.tables.table[slots]
+            num_blocks = (after + size - 1) // size
+            append_page = full_rows.gather(1, token_block.view(-1, 1)).view(-1)
+            full_table = full_rows[:, : self._width(int(num_blocks.max()) if len(batch) else 0)].contiguous()
+            fields.update(full_table=full_table, num_blocks=num_blocks, full_append_page=append_page,
+                          full_lists=full_table.view(len(batch), 1, -1).expand(-1, heads, -1).contiguous(),
+                          full_counts=num_blocks.view(-1, 1).expand(-1, heads).contiguous(),
+                          fill_full_row=torch.where(fills, append_page, self.full_store.scratch_page))
+        on_device = self._plan_transfer({name: t.to(torch.int32) for name, t in fields.items()})
+        plan = StepPlan(batch_size=len(batch), rids=[s.rid for s in batch], filled=filled, **on_device)
+        plan.slots = plan.slots.long()
+        if plan.recall_due is not None:
+            plan.recall_due = plan.recall_due != 0
+        return plan
+
+    def _width(self, needed: int) -> int:
+        return self.max_blocks if self.fixed_widths else bucket(needed, self.max_blocks)
+
+    def _admit_leaving_blocks(self) -> None:
+        """The block that leaves the local window in this step enters the resident buffer
+        before anything is selected, so it is never attended on the CPU in that step.
+        Its ring page is still intact: the ring is overwritten one block later."""
+        store, size, local, sink = self.offloaded, self.block_size, self.config.local_blocks, self.config.sink_blocks
+        leaving = {b: (s.num_tokens + 1) // size - 1 - local for b, s in enumerate(self._batch)
+                   if (s.num_tokens + 1) % size == 0 and (s.num_tokens + 1) // size - 1 - local >= sink}
+        if not leaving:
+            return
+        slots = torch.tensor([self._batch[b].slot for b in leaving], dtype=torch.long)
+        blocks = torch.tensor(list(leaving.values()), dtype=torch.long)
+        pages = store.window_page_table[slots].gather(1, ring_index(blocks, sink, local).view(-1, 1)).view(-1)
+        slots_dev, blocks_dev = slots.to(self.device), blocks.to(self.device)
+        pages_dev, resident_pages = pages.long().to(self.device), store.resident_page_table[slots].to(self.device)
+        for layer in self.offloaded_layers:
+            new_rows, moves = recall.admit_leaving(store.resident_map[layer][slots_dev], blocks_dev, pages_dev,
+                                                   resident_pages, dst_scratch=store.device_scratch_page)
+            recall.copy_moves(moves, store.dev_k[layer], store.dev_v[layer], store.dev_k[layer], store.dev_v[layer],
+                              dst_scratch=store.device_scratch_page)
+            store.resident_map[layer].index_copy_(0, slots_dev, new_rows)
+
+    # -- one decode step: run, per layer -------------------------------------------
     def wants_prediction(self, layer: int) -> bool:
         """Whether attend(layer) can use a query predicted one layer ahead."""
         return (self.config.layer_ahead and self.config.mode in RESIDENT_MODES and layer >= 1
@@ -258,63 +401,247 @@ class CoAttentionEngine:
         """
         if not self.wants_prediction(layer):
             return
-        selection = self._select(layer, q_pred)
-        if selection is None:
-            return
-        self._fill_resident(layer, selection)
+        self._selection[layer] = self._prepare(layer, q_pred)
         if self.config.mode == "scout":
-            self._launch_cpu(layer, q_pred, selection)
             self.telemetry.layer(layer).cpu_launched_ahead = True
-        else:
-            self._infinigen_recall(layer, selection)
-        self._selection[layer] = selection
 
     def attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
         """Append the step's K/V [B, Hkv, D] to `layer` and return its attention output [B, Hq, D]."""
         self._await_recall(layer)
-        self._append(layer, k_new, v_new)
         if layer in self.full_layers:
-            o, selected, counts = self._attend_full(layer, q)
+            with self._timer.section(self.telemetry, "device_attention"):
+                o, selected, counts = self._run_full(layer, q, k_new, v_new)
             if self.trace is not None:
                 self._trace_full(layer, selected, counts)
             return o
-        mode = self.config.mode
         selection = self._selection.get(layer)
         if selection is None:  # nothing launched ahead: same-layer path with the real query
-            selection = self._select(layer, q)
-            if selection is not None and mode in RESIDENT_MODES:
-                self._fill_resident(layer, selection)
-            if selection is not None and mode in CPU_MODES:
-                self._launch_cpu(layer, q, selection)
-            if selection is not None and mode == "infinigen":
-                self._infinigen_recall(layer, selection)
-            self._selection[layer] = selection
-        only = None
-        if mode == "infinigen" and selection is not None:
-            only = self._selected_sets(selection)
-        o, lse = self._device_part(layer, q, only=only, use_resident=mode in RESIDENT_MODES)
-        traced = self._trace_offloaded(layer, selection, only) if self.trace is not None else None
-        if selection is not None and selection.handle is not None:
-            o = self._merge_cpu(layer, o, lse, selection)
-        if mode == "scout" and selection is not None:
-            self._maybe_recall(layer, selection)
+            selection = self._selection[layer] = self._prepare(layer, q)
+            self._await_recall(layer)
+        with self._timer.section(self.telemetry, "device_attention"):
+            o, lse = self._run_device_part(layer, q, k_new, v_new, selection.selected)
+        traced = self._trace_offloaded(layer, selection) if self.trace is not None else None
+        if selection.launched:
+            cpu_o, cpu_lse, waited = self._handoff.collect(layer)
+            self.telemetry.layer(layer).cpu_wait_s += waited
+            self.telemetry.add_time("cpu_wait", waited)
+            with self._timer.section(self.telemetry, "merge"):
+                o = self._run_merge(o, lse, cpu_o, cpu_lse)
+        if self.config.mode == "scout" and self.config.recall_policy != "off" and self.offloaded.resident_blocks:
+            self._issue_copies(layer, self._run_recall(layer, selection.selected, selection.counts, selection.scores,
+                                                       selection.cpu_blocks, selection.cpu_counts))
         if traced is not None:
-            traced.resident_after = self._resident_rows(layer) if mode in RESIDENT_MODES else None
+            traced.resident_after = self._resident_rows(layer) if self.config.mode in RESIDENT_MODES else None
             self.trace.record(traced)
         return o
 
     def end_step(self) -> StepTelemetry:
         """Commit the step: every request of the batch now holds one more token."""
+        self._copy_filled_blocks()
+        counters = self._counters.tolist()  # the step's one read of device values
+        self._counters.zero_()
+        budget = self.config.topk_blocks * self.shape.num_kv_heads * len(self._batch)
+        for layer in self._selects:
+            stats = self.telemetry.layer(layer)
+            for name, value in zip(COUNTER_NAMES, counters[layer]):
+                setattr(stats, name, getattr(stats, name) + value)
+            stats.budget_blocks += budget
+            if layer in self.offloaded_layers:
+                stats.recall_bytes += stats.recalled_blocks * self.offloaded.block_bytes_per_head(layer)
         for state in self._batch:
             state.num_tokens += 1
             state.steps += 1
         self._step_index += 1
         self._timer.resolve(self.telemetry)
         telemetry, self.telemetry = self.telemetry, None
-        self._batch, self._selection = [], {}
+        self._batch, self._selection, self.plan = [], {}, None
         return telemetry
+    def _copy_filled_blocks(self) -> None:
+        """Host copies of the blocks completed in this step, every offloaded layer (once per step)."""
+        if not self.plan.filled or not self.offloaded_layers:
+            return
+        store = self.offloaded
+        pages = torch.tensor([page for page, _, _ in self.plan.filled], dtype=torch.long, device=self.device)
+        rows = torch.tensor([row for _, row, _ in self.plan.filled], dtype=torch.long)
+        for side_dev, side_host in ((store.dev_k, store.host_k), (store.dev_v, store.host_v)):
+            staged = torch.stack([side_dev[layer].index_select(0, pages) for layer in self.offloaded_layers]).cpu()
+            for i, layer in enumerate(self.offloaded_layers):
+                side_host[layer].index_copy_(0, rows, staged[i])
 
-    # -- internals -----------------------------------------------------------
+    # -- internals: eager orchestration around the per-layer programs ------------------
+    def _prepare(self, layer, q) -> LayerSelection:
+        """Select; first fill (resident modes); infinigen's recall; the CPU launch (CPU modes)."""
+        with self._timer.section(self.telemetry, "select"):
+            front = self._run_front(layer, q)
+        self._issue_copies(layer, front.fill_moves)
+        self._issue_copies(layer, front.recall_moves)
+        selection = LayerSelection(front.selected, front.counts, front.scores, front.cpu_blocks, front.cpu_counts)
+        if self.config.mode in CPU_MODES:
+            store = self.offloaded
+            self._handoff.submit(layer, q, front.cpu_pages, front.cpu_counts, store.host_k[layer], store.host_v[layer],
+                                 scale=self.shape.softmax_scale, seq_ids=self.plan.rids)
+            selection.launched = True
+        return selection
+
+    def _issue_copies(self, layer, moves) -> None:
+        """The layer's recall copies, host (or window) -> resident pages: one launch per store, a side stream on CUDA."""
+        if moves is None:
+            return
+        store = self.offloaded
+        with self._recall_copies():
+            recall.copy_moves(moves, store.host_k[layer], store.host_v[layer], store.dev_k[layer], store.dev_v[layer],
+                              dst_scratch=store.device_scratch_page)
+        self._recall_issued(layer)
+
+    # -- the per-layer programs: tensor ops only, no host reads, no Python loop over the batch ------------
+    # These are what torch.compile(fullgraph=True) traces and a CUDA graph captures; the hand-off to the
+    # CPU pool and the recall copies run between them (tests/test_layer_programs.py).
+    def _run_full(self, layer, q, k_new, v_new):
+        """Device-full layer: append, then dense attention (quest: its selection plus the tail) -> (o, selected, counts)."""
+        plan, store, size = self.plan, self.full_store, self.block_size
+        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
+        store_k, store_v = store.k[layer], store.v[layer]
+        store_k[plan.full_append_page, :, plan.append_offset] = k_new.to(store_k.dtype)
+        store_v[plan.full_append_page, :, plan.append_offset] = v_new.to(store_v.dtype)
+        if layer in store.digest_min:  # quest: the page the token completes gets its digest, others go to scratch
+            kernels.update_digests(store_k, plan.full_append_page, store.digest_min[layer], store.digest_max[layer],
+                                   rows=plan.fill_full_row, impl=self.config.kernel_impl)
+        selected = counts = None
+        if self.config.mode == "quest" and layer not in self.config.dense_layers:
+            selected, counts, _ = self._select(layer, q, store.digest_min[layer], store.digest_max[layer],
+                                               plan.full_table)
+            pages = plan.full_table.gather(1, selected.clamp(min=0).view(batch_size, -1).long()).view_as(selected)
+            last_column = plan.full_table.shape[1] - 1
+            tail_page = plan.full_table.gather(1, plan.num_full.clamp(max=last_column).view(-1, 1).long())
+            pages = torch.cat([pages, tail_page.view(batch_size, 1, 1).expand(batch_size, num_kv_heads, 1)], dim=2)
+            has_tail = (plan.num_tokens % size != 0).view(batch_size, 1, 1).expand(batch_size, num_kv_heads, 1)
+            table, list_counts = compact_lists(pages, torch.cat([selected != PAD_BLOCK, has_tail], dim=2))
+        else:
+            table, list_counts = plan.full_lists, plan.full_counts
+        o, _ = kernels.sparse_decode(q.contiguous(), store_k, store_v, table, list_counts,
+                                     scale=self.shape.softmax_scale, last_block_len=plan.last_len_heads,
+                                     impl=self._decode_impl,
+                                     validate=False)
+        return o, selected, counts
+
+    def _select(self, layer, q, digest_min, digest_max, table):
+        """Scores and top-k over the full blocks of each request (forced sink/local) -> (selected, counts, scores)."""
+        plan = self.plan
+        scores = kernels.score_blocks(q.to(digest_min.dtype).contiguous(), digest_min, digest_max, table,
+                                      plan.num_full, impl=self.config.kernel_impl, validate=False)
+        selected, counts = kernels.select_topk(scores, plan.num_full, topk=self.config.topk_blocks,
+                                               num_sink_blocks=self.config.sink_blocks,
+                                               num_local_blocks=self.config.local_blocks)
+        self._counters[layer, SELECTED] += counts.sum()
+        if self.track_changes:
+            self._count_changes(layer, selected)
+        return selected, counts, scores
+
+    def _run_front(self, layer, q) -> FrontResult:
+        """An offloaded layer before its attention: selection, the resident first fill and infinigen's recall
+        (decided, map updated; copies returned), and the CPU lists of the CPU modes."""
+        store, plan, mode = self.offloaded, self.plan, self.config.mode
+        selected, counts, scores = self._select(layer, q, store.digest_min[layer], store.digest_max[layer],
+                                                plan.host_table)
+        fill_moves = recall_moves = cpu_blocks = cpu_counts = cpu_pages = None
+        if mode in RESIDENT_MODES and store.resident_blocks:
+            ready = store.resident_ready[layer]
+            pending = ~ready[plan.slots] & (plan.num_full > 0)  # first time this (request, layer) has a selection
+            candidates = torch.where(pending.view(-1, 1, 1), self._unforced(selected), PAD_BLOCK)
+            fill_moves = self._bring_in(layer, candidates, selected, None)
+            ready.index_copy_(0, plan.slots, ready[plan.slots] | pending)
+        if mode == "infinigen" and store.resident_blocks:
+            candidates = self._unforced(selected)
+            recall_moves = self._bring_in(layer, candidates, selected, scores)
+            self._counters[layer, RECALLED] += recall_moves.moved.sum()
+            resident = store.resident_map[layer][plan.slots]
+            self._counters[layer, DROPPED] += ((candidates != PAD_BLOCK) & ~recall.contains(candidates, resident)).sum()
+        if mode in CPU_MODES:
+            cpu_blocks, cpu_counts, cpu_pages = self._split(layer, selected, counts)
+        return FrontResult(selected, counts, scores, fill_moves, recall_moves, cpu_blocks, cpu_counts, cpu_pages)
+
+    def _unforced(self, selected):
+        """Selected blocks that the window does not hold, PAD elsewhere."""
+        return torch.where(recall.contains(selected, self.plan.forced_heads), PAD_BLOCK, selected)
+
+    def _bring_in(self, layer, candidates, selected, scores) -> recall.RecallMoves:
+        """Decide which candidates enter the resident buffer, update its map; the copies are returned."""
+        store, plan = self.offloaded, self.plan
+        decision = recall.bring_in(store.resident_map[layer][plan.slots], candidates, selected, scores,
+                                   self._recall_capacity)
+        store.resident_map[layer].index_copy_(0, plan.slots, decision.resident)
+        return recall.compact_moves(decision, candidates, plan.host_table, plan.resident_pages,
+                                    capacity=self._recall_capacity, src_scratch=store.host_scratch_page,
+                                    dst_scratch=store.device_scratch_page)
+
+    def _split(self, layer, selected, counts):
+        """CPU lists: selected blocks the device does not hold -> (logical blocks, counts, host pages)."""
+        plan, store = self.plan, self.offloaded
+        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
+        held = plan.forced_heads
+        if self.config.mode in RESIDENT_MODES:
+            held = torch.cat([held, store.resident_map[layer][plan.slots]], dim=2)
+        held_counts = torch.full((batch_size, num_kv_heads), held.shape[2], dtype=torch.int32, device=self.device)
+        split = kernels.split_selection(selected, counts, held, held_counts,
+                                        capacity=self.config.cpu_capacity)
+        self._counters[layer, CPU] += split.counts.sum()
+        self._counters[layer, DROPPED] += split.dropped.sum()
+        pages = plan.host_table.gather(1, split.blocks.clamp(min=0).view(batch_size, -1).long()).view_as(split.blocks)
+        return split.blocks, split.counts, pad_where(split.blocks != PAD_BLOCK, pages)
+
+    def _run_device_part(self, layer, q, k_new, v_new, selected):
+        """An offloaded layer's device part: append the token (and the digest of the block it completes; its host
+        copy waits for end_step, the block stays in the local window until long after), then attention over the
+        resident blocks (infinigen: the selected ones) and the window -> (o, lse)."""
+        plan, store = self.plan, self.offloaded
+        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
+        dev_k, dev_v = store.dev_k[layer], store.dev_v[layer]
+        dev_k[plan.window_append_page, :, plan.append_offset] = k_new.to(dev_k.dtype)
+        dev_v[plan.window_append_page, :, plan.append_offset] = v_new.to(dev_v.dtype)
+        kernels.update_digests(dev_k, plan.window_append_page, store.digest_min[layer], store.digest_max[layer],
+                               rows=plan.fill_host_row, impl=self.config.kernel_impl)
+        window = plan.window_pages.unsqueeze(1).expand(-1, num_kv_heads, -1)
+        pages, valid = window, window != PAD_BLOCK
+        if self.config.mode in RESIDENT_MODES:
+            resident = store.resident_map[layer][plan.slots]
+            held = resident != PAD_BLOCK
+            if self.config.mode == "infinigen":
+                held = held & recall.contains(resident, selected)
+            resident_pages = plan.resident_pages.unsqueeze(1).expand(-1, num_kv_heads, -1)
+            pages, valid = torch.cat([resident_pages, window], dim=2), torch.cat([held, valid], dim=2)
+        table, counts = compact_lists(pages, valid)
+        return kernels.sparse_decode(q.contiguous(), dev_k, dev_v, table, counts, scale=self.shape.softmax_scale,
+                                     last_block_len=plan.last_len_heads, impl=self._decode_impl, validate=False)
+
+    def _run_merge(self, o, lse, cpu_o, cpu_lse):
+        merged, _ = kernels.merge_attention_states(o, lse, cpu_o, cpu_lse, impl=self.config.kernel_impl)
+        return merged
+
+    def _run_recall(self, layer, selected, counts, scores, cpu_blocks, cpu_counts) -> recall.RecallMoves:
+        """Periodic recall after layer's attention: CPU-list blocks replace the least useful resident ones."""
+        if self.config.recall_policy == "interval":
+            due = self.plan.recall_due[self._offloaded_index[layer]]
+        else:  # adaptive: the CPU's share of the selection passed beta
+            num_selected = counts.sum(dim=1)
+            share = cpu_counts.sum(dim=1).double() / num_selected.clamp(min=1).double()
+            due = (num_selected > 0) & (share > self.config.recall_beta)
+        candidates = torch.where(due.view(-1, 1, 1), cpu_blocks, PAD_BLOCK)
+        moves = self._bring_in(layer, candidates, selected, scores)
+        self._counters[layer, RECALLED] += moves.moved.sum()
+        return moves
+
+    def _count_changes(self, layer, selected):
+        """Selected blocks that the previous step of the same request did not select."""
+        previous = self._previous[layer]
+        before = previous[self.plan.slots]
+        now = selected != PAD_BLOCK
+        compared = now & (before != PAD_BLOCK).any(dim=-1, keepdim=True)
+        self._counters[layer, COMPARED] += compared.sum()
+        self._counters[layer, CHANGED] += (compared & ~recall.contains(selected, before)).sum()
+        previous.index_copy_(0, self.plan.slots, torch.where(now.any(dim=-1, keepdim=True), selected, before))
+
+    # -- internals: streams -------------------------------------------------------
+
     def _recall_copies(self):
         """Context for recall copies: a side stream on CUDA (after the work already
         queued, which may still read the slots being replaced), a plain copy on CPU."""
@@ -334,289 +661,59 @@ class CoAttentionEngine:
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 
-    def _admit_leaving_block(self, state, after):
-        """The block that leaves the local window in this step enters the resident buffer
-        before anything is selected, so it is never attended on the CPU in that step.
-        Its ring page is still intact: the ring is overwritten one block later."""
-        leaving = after // self.block_size - 1 - self.config.local_blocks
-        if after % self.block_size or self.config.mode not in RESIDENT_MODES or leaving < self.config.sink_blocks:
-            return
-        for layer in self.offloaded_layers:
-            recall.admit_leaving_block(self.offloaded, layer, state.rid, state.slot, leaving)
-
-    def _after_counts(self) -> list[int]:
-        return [s.num_tokens + 1 for s in self._batch]
-
-    def _append(self, layer, k_new, v_new):
-        rids = [s.rid for s in self._batch]
-        positions = [s.num_tokens for s in self._batch]
-        filled = [b for b, p in enumerate(positions) if p % self.block_size == self.block_size - 1]
-        if layer in self.full_layers:
-            self.full_store.write(layer, rids, positions, k_new, v_new)
-            pages = [self.full_store.page_table(rids[b])[positions[b] // self.block_size] for b in filled]
-            self.full_store.update_digest(layer, pages)
-            return
-        store = self.offloaded
-        store.write_window(layer, rids, positions, k_new, v_new)
-        for b in filled:  # the block this token completes: a host copy and its digest
-            block = positions[b] // self.block_size
-            page = store.window_page(rids[b], block)
-            k_block, v_block = store.dev_k[layer][page : page + 1], store.dev_v[layer][page : page + 1]
-            store.copy_blocks_to_host(layer, rids[b], [block], k_block, v_block)
-            store.write_digests(layer, rids[b], [block], k_block)
-
-    def _attend_full(self, layer, q):
-        """Attention over a device-full layer -> (o, quest selection or None, its counts or None)."""
-        rids = [s.rid for s in self._batch]
-        counts_after = self._after_counts()
-        selected = counts = None
-        if self.config.mode == "quest" and layer not in self.config.dense_layers:
-            store = self.full_store
-            tables = [store.page_table(r) for r in rids]
-            num_full = [n // self.block_size for n in counts_after]
-            selected, counts, _ = self._topk(layer, q, store.digest_min[layer], store.digest_max[layer], tables, num_full)
-            self._record_selection(layer, selected, counts)
-            table, n_listed, last = attention_lists.quest_lists(store, rids, counts_after, selected, counts, device=self.device)
-        else:
-            table, n_listed, last = attention_lists.full_store_lists(
-                self.full_store, rids, counts_after, num_kv_heads=self.shape.num_kv_heads, device=self.device)
-        with self._timer.section(self.telemetry, "device_attention"):
-            o, _ = kernels.sparse_decode(q.contiguous(), self.full_store.k[layer], self.full_store.v[layer], table,
-                                         n_listed, scale=self.shape.softmax_scale, last_block_len=last,
-                                         impl=self.config.kernel_impl)
-        return o, selected, counts
-
-    def _topk(self, layer, q, digest_min, digest_max, tables, num_full):
-        """Scores and top-k over the full blocks of each request (forced sink/local)."""
-        max_blocks = max(num_full) if num_full else 0
-        table = torch.full((len(tables), max(max_blocks, 1)), PAD_BLOCK, dtype=torch.int32)
-        for b, (pages, n) in enumerate(zip(tables, num_full)):
-            table[b, :n] = torch.tensor(pages[:n], dtype=torch.int32)
-        table, lengths = table.to(self.device), torch.tensor(num_full, dtype=torch.int32, device=self.device)
-        with self._timer.section(self.telemetry, "select"):
-            scores = kernels.score_blocks(q.to(digest_min.dtype).contiguous(), digest_min, digest_max, table, lengths,
-                                          impl=self.config.kernel_impl)
-            selected, counts = kernels.select_topk(scores, lengths, topk=self.config.topk_blocks,
-                                                   num_sink_blocks=self.config.sink_blocks,
-                                                   num_local_blocks=self.config.local_blocks)
-        stats = self.telemetry.layer(layer)
-        stats.selected_blocks += int(counts.sum())
-        stats.budget_blocks += self.config.topk_blocks * self.shape.num_kv_heads * len(tables)
-        return selected, counts, scores
-
-    def _select(self, layer, q) -> LayerSelection | None:
-        store = self.offloaded
-        rids = [s.rid for s in self._batch]
-        num_full = [n // self.block_size for n in self._after_counts()]
-        if max(num_full, default=0) == 0:
-            return None
-        tables = [store.host_pages.table(r) for r in rids]
-        selected, counts, scores = self._topk(layer, q, store.digest_min[layer], store.digest_max[layer], tables, num_full)
-        self._record_selection(layer, selected, counts)
-        return LayerSelection(selected, counts, scores)
-
-    def _record_selection(self, layer, selected, counts):
-        if not self.track_changes:
-            return
-        stats = self.telemetry.layer(layer)
-        selected, counts = selected.cpu(), counts.cpu()
-        for b, state in enumerate(self._batch):
-            now = [set(selected[b, h, : counts[b, h]].tolist()) for h in range(selected.shape[1])]
-            before = state.previous_selection.get(layer)
-            if before is not None:
-                stats.changed_blocks += sum(len(n - p) for n, p in zip(now, before))
-                stats.compared_blocks += sum(len(n) for n in now)
-            state.previous_selection[layer] = now
-
-    def _selected_sets(self, selection):
-        selected, counts = selection.selected.cpu(), selection.counts.cpu()
-        return [[set(selected[b, h, : counts[b, h]].tolist()) for h in range(selected.shape[1])]
-                for b in range(selected.shape[0])]
-
-    def _forced_and_resident(self, layer, use_resident):
-        """[B, Hkv, F + R] logical blocks the device holds (window's full blocks + resident)."""
-        store, counts_after = self.offloaded, self._after_counts()
-        forced = [store.forced_blocks(n) for n in counts_after]
-        width = max(1, max(len(f) for f in forced))
-        table = torch.full((len(self._batch), self.shape.num_kv_heads, width), PAD_BLOCK, dtype=torch.int32)
-        for b, blocks in enumerate(forced):
-            if blocks:
-                table[b, :, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        if use_resident:
-            slots = torch.tensor([s.slot for s in self._batch])
-            table = torch.cat([table, store.resident_map[layer][slots]], dim=2)
-        return table.to(self.device)
-
-    def _fill_resident(self, layer, selection):
-        """Fill a resident buffer the first time its (request, layer) is selected."""
-        store = self.offloaded
-        ready = store.resident_ready[layer]  # host tensor: no device read unless a fill is due
-        pending = [b for b, s in enumerate(self._batch) if not bool(ready[s.slot])]
-        if not pending:
-            return
-        selected, counts = selection.selected.cpu(), selection.counts.cpu()
-        # A request without a full block yet has no selection: its first fill waits for one.
-        pending = [b for b in pending if int(counts[b].sum()) > 0]
-        sets = self._selected_sets(selection)
-        for b in pending:
-            state = self._batch[b]
-            forced = set(store.forced_blocks(state.num_tokens + 1))
-            for h in range(self.shape.num_kv_heads):
-                order = [j for j in selected[b, h, : counts[b, h]].tolist() if j not in forced]
-                recall.bring_in(store, layer, state.rid, state.slot, h, order, sets[b][h], None)
-            ready[state.slot] = True
-
-    def _split(self, layer, selection, use_resident):
-        held = self._forced_and_resident(layer, use_resident)
-        held_counts = torch.full(held.shape[:2], held.shape[2], dtype=torch.int32, device=self.device)
-        split = kernels.split_selection(selection.selected, selection.counts, held, held_counts,
-                                        capacity=self.config.cpu_capacity)
-        selection.cpu_blocks, selection.cpu_counts = split.blocks, split.counts
-        stats = self.telemetry.layer(layer)
-        stats.cpu_blocks += int(split.counts.sum())
-        stats.dropped_blocks += int(split.dropped.sum())
-        return split
-
-    def _launch_cpu(self, layer, q, selection):
-        from scout_sglang.cpu_worker import alloc_output_buffers
-
-        split = self._split(layer, selection, use_resident=self.config.mode in RESIDENT_MODES)
-        store = self.offloaded
-        blocks, counts = split.blocks.cpu(), split.counts.cpu()
-        pages = torch.full_like(blocks, PAD_BLOCK)
-        for b, state in enumerate(self._batch):
-            table = store.host_pages.table(state.rid)
-            for h in range(blocks.shape[1]):
-                n = int(counts[b, h])
-                pages[b, h, :n] = torch.tensor([table[j] for j in blocks[b, h, :n].tolist()], dtype=torch.int32)
-        q_host = q.to("cpu", self.dtype).contiguous()
-        out_o, out_lse = alloc_output_buffers(len(self._batch), self.shape.num_qo_heads, self.shape.head_dim, torch.float32)
-        selection.handle = self.cpu_pool.submit(
-            q_host, store.host_k[layer], store.host_v[layer], pages.contiguous(), counts.contiguous(),
-            scale=self.shape.softmax_scale, out_o=out_o, out_lse=out_lse,
-            seq_ids=[s.rid for s in self._batch], layer=layer,
-        )  # fmt: skip
-        selection.out_o, selection.out_lse = out_o, out_lse
-
-    def _device_part(self, layer, q, *, only, use_resident):
-        rids = [s.rid for s in self._batch]
-        slots = [s.slot for s in self._batch]
-        table, counts, last = attention_lists.offloaded_lists(
-            self.offloaded, layer, rids, slots, self._after_counts(), num_kv_heads=self.shape.num_kv_heads,
-            device=self.device, only_blocks=only, use_resident=use_resident)
-        with self._timer.section(self.telemetry, "device_attention"):
-            o, lse = kernels.sparse_decode(q.contiguous(), self.offloaded.dev_k[layer], self.offloaded.dev_v[layer],
-                                           table, counts, scale=self.shape.softmax_scale, last_block_len=last,
-                                           impl=self.config.kernel_impl)
-        return o, lse
-
-    def _merge_cpu(self, layer, o, lse, selection):
-        start = time.perf_counter()
-        self.cpu_pool.wait(selection.handle)
-        waited = time.perf_counter() - start
-        self.telemetry.layer(layer).cpu_wait_s += waited
-        self.telemetry.add_time("cpu_wait", waited)
-        with self._timer.section(self.telemetry, "merge"):
-            cpu_o = selection.out_o.to(self.device, non_blocking=True)
-            cpu_lse = selection.out_lse.to(self.device, non_blocking=True)
-            merged, _ = kernels.merge_attention_states(o, lse, cpu_o, cpu_lse, impl=self.config.kernel_impl)
-        return merged
-
-    def _infinigen_recall(self, layer, selection):
-        """Bring every selected non-resident block into the resident buffer now."""
-        store = self.offloaded
-        sets = self._selected_sets(selection)
-        selected, counts = selection.selected.cpu(), selection.counts.cpu()
-        scores = selection.scores.cpu()
-        stats = self.telemetry.layer(layer)
-        start = time.perf_counter()  # host time to issue the copies (they run on a side stream on CUDA)
-        with self._recall_copies():
-            for b, state in enumerate(self._batch):
-                forced = set(store.forced_blocks(state.num_tokens + 1))
-                for h in range(self.shape.num_kv_heads):
-                    order = [j for j in selected[b, h, : counts[b, h]].tolist() if j not in forced]
-                    moved = recall.bring_in(store, layer, state.rid, state.slot, h, order, sets[b][h], scores[b, h])
-                    stats.recalled_blocks += moved
-                    stats.recall_bytes += moved * store.block_bytes_per_head(layer)
-                    resident = set(store.resident_map[layer][state.slot, h].tolist())
-                    stats.dropped_blocks += sum(1 for j in order if j not in resident)
-        self._recall_issued(layer)
-        self.telemetry.add_time("recall", time.perf_counter() - start)
-
-    def _recall_due(self, layer, b, cpu_counts, counts) -> bool:
-        policy = self.config.recall_policy
-        if policy == "off":
-            return False
-        if policy == "interval":
-            return (self._batch[b].steps + 1) % self.config.interval_for_layer(layer) == 0
-        selected = int(counts[b].sum())
-        return selected > 0 and int(cpu_counts[b].sum()) / selected > self.config.recall_beta
-
-    def _maybe_recall(self, layer, selection):
-        """Periodic recall after layer's attention: CPU-list blocks replace the least useful resident ones."""
-        if selection.cpu_blocks is None:
-            return
-        cpu_blocks, cpu_counts = selection.cpu_blocks.cpu(), selection.cpu_counts.cpu()
-        counts = selection.counts.cpu()
-        due = [b for b in range(len(self._batch)) if self._recall_due(layer, b, cpu_counts, counts)]
-        if not due:
-            return
-        sets, scores = self._selected_sets(selection), selection.scores.cpu()
-        stats, store = self.telemetry.layer(layer), self.offloaded
-        start = time.perf_counter()
-        with self._recall_copies():
-            for b in due:
-                state = self._batch[b]
-                for h in range(self.shape.num_kv_heads):
-                    candidates = cpu_blocks[b, h, : cpu_counts[b, h]].tolist()
-                    moved = recall.bring_in(store, layer, state.rid, state.slot, h, candidates, sets[b][h], scores[b, h])
-                    stats.recalled_blocks += moved
-                    stats.recall_bytes += moved * store.block_bytes_per_head(layer)
-        self._recall_issued(layer)
-        self.telemetry.add_time("recall", time.perf_counter() - start)
-
     # -- decision trace (tests only; never built when self.trace is None) -------
     def _resident_rows(self, layer) -> list:
-        slots = torch.tensor([s.slot for s in self._batch], dtype=torch.long)
-        return self.offloaded.resident_map[layer][slots].tolist()
+        return self.offloaded.resident_map[layer][self.plan.slots].tolist()
+
+    def _counts_after(self) -> list[int]:
+        return [s.num_tokens + 1 for s in self._batch]
 
     def _trace_full(self, layer, selected, counts):
         """Device-full layer: every block, or quest's selection plus the partial tail."""
         batch, heads, size = len(self._batch), self.shape.num_kv_heads, self.block_size
-        counts_after = self._after_counts()
+        counts_after = self._counts_after()
         if selected is None:
             device = [[list(range(ceil_div(n, size)))] * heads for n in counts_after]
         else:
-            device = block_lists(selected, counts, batch, heads)
-            for b, n in enumerate(counts_after):
-                if n % size:
-                    device[b] = [blocks + [n // size] for blocks in device[b]]
+            selected = block_lists(selected, counts, batch, heads)
+            device = [[blocks + ([n // size] if n % size else []) for blocks in rows]
+                      for rows, n in zip(selected, counts_after)]
         self.trace.record(LayerDecision(
             self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=False,
-            selected=None if selected is None else block_lists(selected, counts, batch, heads),
-            device_blocks=device, cpu_blocks=block_lists(None, None, batch, heads)))
+            selected=selected, device_blocks=device, cpu_blocks=block_lists(None, None, batch, heads)))
 
-    def _trace_offloaded(self, layer, selection, only) -> LayerDecision:
-        """Offloaded layer: resident blocks (those in `only` for infinigen) then the window, as _device_part lists them."""
+    def _trace_offloaded(self, layer, selection) -> LayerDecision:
+        """Offloaded layer: resident blocks (the selected ones for infinigen) then the window, as _device_part lists them."""
         batch, heads = len(self._batch), self.shape.num_kv_heads
-        counts_after = self._after_counts()
+        counts_after = self._counts_after()
         resident = self._resident_rows(layer) if self.config.mode in RESIDENT_MODES else None
+        selected = block_lists(selection.selected, selection.counts, batch, heads)
         device = []
         for b, n in enumerate(counts_after):
             window = self.offloaded.window_blocks(n)
             rows = []
             for h in range(heads):
                 held = [] if resident is None else [j for j in resident[b][h] if j != PAD_BLOCK]
-                if only is not None:
-                    held = [j for j in held if j in only[b][h]]
+                if self.config.mode == "infinigen":
+                    held = [j for j in held if j in set(selected[b][h])]
                 rows.append(held + window)
             device.append(rows)
-        selected = None if selection is None else block_lists(selection.selected, selection.counts, batch, heads)
         cpu = block_lists(None, None, batch, heads)
-        if selection is not None and selection.handle is not None:
+        if selection.launched:
             cpu = block_lists(selection.cpu_blocks, selection.cpu_counts, batch, heads)
         return LayerDecision(self._step_index, layer, [s.rid for s in self._batch], counts_after, offloaded=True,
                              selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)
+
+
+def compact_lists(pages: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the valid entries of pages [B, Hkv, X] to the front, in order -> (table [B, Hkv, X + 1] int32, counts [B, Hkv]).
+
+    The last column collects the invalid entries (page ids or PAD, past every count, so never read)."""
+    width = pages.shape[-1]
+    position = torch.where(valid, torch.cumsum(valid.to(torch.int32), dim=-1) - 1, width)
+    table = torch.full((*pages.shape[:-1], width + 1), PAD_BLOCK, dtype=torch.int32, device=pages.device)
+    table.scatter_(-1, position.long(), pages.to(torch.int32))
+    return table, valid.sum(dim=-1, dtype=torch.int32)
 
 
 def _nbytes(*stores: dict) -> int:

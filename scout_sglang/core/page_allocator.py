@@ -43,6 +43,10 @@ class PageAllocator:
     def requests(self) -> list[int]:
         return list(self._tables)
 
+    def count(self, request_id: int) -> int:
+        """Pages a request holds (no copy of its table)."""
+        return len(self._tables.get(request_id, ()))
+
     def table(self, request_id: int) -> list[int]:
         """Page ids of a request's logical blocks, in order (a copy)."""
         return list(self._tables.get(request_id, ()))

@@ -3,7 +3,7 @@
 Where each block of each request lives, per layer (layout: scout_sglang.layout):
 
   device-full layers (modes full/quest, and dense layers in every mode)
-      every block on the device: full_k/full_v[layer][page], one page table
+      every block on the device: k/v[layer][page], page table `table[slot]`
   offloaded layers (modes scout/infinigen/hgca)
       host:   host_k/host_v[layer][host page]   every FULL block
       device: digest_min/max[layer][host page]  digests of every full block
@@ -14,6 +14,14 @@ Where each block of each request lives, per layer (layout: scout_sglang.layout):
               resident_map[layer][slot, head, r] = logical block in res_r
               (-1: empty), so each KV head keeps its own blocks
 
+Per-request state is indexed by request slot, as SGLang's req_to_token is:
+page tables are host tensors [max_requests, max_blocks] (PAD_BLOCK past the
+allocated pages) that a step's plan gathers for its batch in one op. Every
+store has one extra page at index `scratch_page`: fixed-shape writes of the
+decode step send the rows that have nothing to write there (a request whose
+token completes no block, a recall move past the capacity), so the number of
+ops never depends on the data. Nothing reads the scratch page.
+
 Pages are allocated per request, once for all layers of a kind.
 """
 
@@ -22,9 +30,9 @@ from __future__ import annotations
 import torch
 
 from scout_sglang import kernels
-from scout_sglang.core.page_allocator import PageAllocator
-from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
+from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
+from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
 from scout_sglang.layout import PAD_BLOCK
 
 
@@ -38,29 +46,61 @@ def write_tokens(k_store, v_store, pages: torch.Tensor, offsets: torch.Tensor, k
     v_store[pages, :, offsets] = v.to(v_store.dtype)
 
 
+class SlotPageTable:
+    """Pages of each request slot's logical blocks: an allocator plus a host tensor [max_requests, max_blocks].
+
+    The tensor is what a step's plan gathers (one index op for the whole batch);
+    the allocator owns the free list and checks for leaks.
+    """
+
+    def __init__(self, num_pages: int, max_requests: int, max_blocks: int, *, name: str):
+        self.pages = PageAllocator(num_pages, name=name)
+        self.max_blocks = max_blocks
+        self.table = torch.full((max_requests, max_blocks), PAD_BLOCK, dtype=torch.int32)  # [slots, NB] CPU
+
+    def ensure(self, rid: int, slot: int, num_blocks: int) -> None:
+        """Allocate pages so that logical blocks [0, num_blocks) of `rid` have one (all layers)."""
+        have = self.pages.count(rid)
+        if num_blocks <= have:
+            return
+        if num_blocks > self.max_blocks:
+            raise OutOfPagesError(f"{self.pages.name}: request {rid} needs {num_blocks} blocks, more than the "
+                                  f"{self.max_blocks} per request this engine was sized for (max_tokens_per_request)")
+        new = self.pages.allocate(rid, num_blocks - have)
+        self.table[slot, have:num_blocks] = torch.tensor(new, dtype=torch.int32)
+
+    def release(self, rid: int, slot: int) -> None:
+        self.pages.release(rid)
+        self.table[slot] = PAD_BLOCK
+
+    def page_list(self, rid: int) -> list[int]:
+        return self.pages.table(rid)
+
+
 class DeviceFullStore:
     """Every block of every request on the device, for the given layers."""
 
-    def __init__(self, layers, *, num_pages: int, shape: ModelShape, block_size: int, dtype, device, with_digests: bool):
+    def __init__(self, layers, *, num_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
+                 block_size: int, dtype, device, with_digests: bool):
         self.layers = tuple(layers)
         self.block_size = block_size
-        page_shape = (num_pages, shape.num_kv_heads, block_size, shape.head_dim)
+        self.scratch_page = num_pages
+        page_shape = (num_pages + 1, shape.num_kv_heads, block_size, shape.head_dim)
         self.k = {layer: torch.zeros(page_shape, dtype=dtype, device=device) for layer in self.layers}
         self.v = {layer: torch.zeros(page_shape, dtype=dtype, device=device) for layer in self.layers}
-        digest_shape = (num_pages, shape.num_kv_heads, shape.head_dim)
+        digest_shape = (num_pages + 1, shape.num_kv_heads, shape.head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
-        self.pages = PageAllocator(num_pages, name="device full-KV pages")
+        self.tables = SlotPageTable(num_pages, max_requests, max_blocks, name="device full-KV pages")
+        self.pages = self.tables.pages
         self.device = device
 
-    def ensure_tokens(self, rid: int, num_tokens: int) -> None:
+    def ensure_tokens(self, rid: int, slot: int, num_tokens: int) -> None:
         """Allocate pages so that `num_tokens` tokens of `rid` fit (all layers)."""
-        missing = ceil_div(num_tokens, self.block_size) - len(self.pages.table(rid))
-        if missing > 0:
-            self.pages.allocate(rid, missing)
+        self.tables.ensure(rid, slot, ceil_div(num_tokens, self.block_size))
 
     def page_table(self, rid: int) -> list[int]:
-        return self.pages.table(rid)
+        return self.tables.page_list(rid)
 
     def write(self, layer: int, rids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Write one token per entry: (rids[i], positions[i]) <- k[i], v[i] ([N, Hkv, D])."""
@@ -76,69 +116,65 @@ class DeviceFullStore:
         index = torch.tensor(page_ids, dtype=torch.int32, device=self.device)
         kernels.update_digests(self.k[layer], index, self.digest_min[layer], self.digest_max[layer])
 
-    def release(self, rid: int) -> None:
-        self.pages.release(rid)
+    def release(self, rid: int, slot: int) -> None:
+        self.tables.release(rid, slot)
 
 
 class OffloadedStore:
     """Host store of full blocks plus device digests, window and resident buffer."""
 
-    def __init__(
-        self,
-        layers,
-        *,
-        num_host_pages: int,
-        max_requests: int,
-        shape: ModelShape,
-        block_size: int,
-        sink_blocks: int,
-        local_blocks: int,
-        resident_blocks: int,
-        dtype,
-        device,
-    ):
+    def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
+                 block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
         self.local_blocks = local_blocks
         self.resident_blocks = resident_blocks
-        self.pages_per_request = sink_blocks + local_blocks + 1 + resident_blocks
+        self.window_width = sink_blocks + local_blocks + 1  # W: sink, local ring and the tail
+        self.pages_per_request = self.window_width + resident_blocks
         self.device = device
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
-        host_shape = (num_host_pages, num_kv_heads, block_size, head_dim)
+        self.host_scratch_page = num_host_pages
+        host_shape = (num_host_pages + 1, num_kv_heads, block_size, head_dim)
         pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
         # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
         self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
         self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
-        digest_shape = (num_host_pages, num_kv_heads, head_dim)
+        digest_shape = (num_host_pages + 1, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
-        device_shape = (max_requests * self.pages_per_request, num_kv_heads, block_size, head_dim)
+        num_device_pages = max_requests * self.pages_per_request
+        self.device_scratch_page = num_device_pages
+        device_shape = (num_device_pages + 1, num_kv_heads, block_size, head_dim)
         self.dev_k = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
         self.dev_v = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
-        self.host_pages = PageAllocator(num_host_pages, name="host KV pages")
-        self.device_pages = PageAllocator(max_requests * self.pages_per_request, name="device window/resident pages")
+        self.host_tables = SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
+        self.host_pages = self.host_tables.pages
+        self.device_pages = PageAllocator(num_device_pages, name="device window/resident pages")
+        # Device pages of each slot's window (sink, ring) and resident slots, set at admission.
+        self.window_page_table = torch.full((max_requests, self.window_width), PAD_BLOCK, dtype=torch.int32)
+        self.resident_page_table = torch.full((max_requests, resident_blocks), PAD_BLOCK, dtype=torch.int32)
         self.resident_map = {
-            layer: torch.full((max_requests, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32)
+            layer: torch.full((max_requests, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32, device=device)
             for layer in self.layers
         }
-        self.resident_ready = {layer: torch.zeros(max_requests, dtype=torch.bool) for layer in self.layers}
+        self.resident_ready = {layer: torch.zeros(max_requests, dtype=torch.bool, device=device) for layer in self.layers}
 
     # -- per-request pages -------------------------------------------------
     def admit(self, rid: int, slot: int) -> None:
-        self.device_pages.allocate(rid, self.pages_per_request)
+        pages = self.device_pages.allocate(rid, self.pages_per_request)
+        self.window_page_table[slot] = torch.tensor(pages[: self.window_width], dtype=torch.int32)
+        self.resident_page_table[slot] = torch.tensor(pages[self.window_width:], dtype=torch.int32)
         for layer in self.layers:
             self.resident_map[layer][slot] = PAD_BLOCK
             self.resident_ready[layer][slot] = False
 
-    def release(self, rid: int) -> None:
-        self.host_pages.release(rid)
+    def release(self, rid: int, slot: int) -> None:
+        self.host_tables.release(rid, slot)
         self.device_pages.release(rid)
 
-    def ensure_full_blocks(self, rid: int, num_full: int) -> None:
-        missing = num_full - len(self.host_pages.table(rid))
-        if missing > 0:
-            self.host_pages.allocate(rid, missing)
+    def ensure_full_blocks(self, rid: int, slot: int, num_full: int) -> None:
+        self.host_tables.ensure(rid, slot, num_full)
 
     def window_page(self, rid: int, block: int) -> int:
         """Device page of a sink, local or tail block."""
@@ -148,7 +184,7 @@ class OffloadedStore:
         return pages[self.sink_blocks + (block - self.sink_blocks) % (self.local_blocks + 1)]
 
     def resident_page(self, rid: int, slot_index: int) -> int:
-        return self.device_pages.table(rid)[self.sink_blocks + self.local_blocks + 1 + slot_index]
+        return self.device_pages.table(rid)[self.window_width + slot_index]
 
     def window_blocks(self, num_tokens: int) -> list[int]:
         """Logical blocks held in the window for a request of `num_tokens`, ascending."""
@@ -163,7 +199,7 @@ class OffloadedStore:
         num_full = num_tokens // self.block_size
         return [j for j in self.window_blocks(num_tokens) if j < num_full]
 
-    # -- data movement -------------------------------------------------------
+    # -- data movement outside the decode step (prefill, chunk staging) -----------
     def write_window(self, layer: int, rids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Write token i (k[i], v[i] of [N, Hkv, D]) of request rids[i] at positions[i] into its window page."""
         pages = torch.tensor([self.window_page(r, p // self.block_size) for r, p in zip(rids, positions)],
@@ -186,18 +222,6 @@ class OffloadedStore:
         rows = torch.tensor([table[j] for j in blocks], dtype=torch.int32, device=self.device)
         kernels.digest_blocks(k_blocks.to(self.digest_min[layer].dtype).contiguous(), rows, self.digest_min[layer],
                               self.digest_max[layer])
-
-    def copy_host_to_resident(self, layer: int, rid: int, slot_index: int, head: int, block: int) -> None:
-        host_page = self.host_pages.table(rid)[block]
-        dev_page = self.resident_page(rid, slot_index)
-        self.dev_k[layer][dev_page, head].copy_(self.host_k[layer][host_page, head], non_blocking=True)
-        self.dev_v[layer][dev_page, head].copy_(self.host_v[layer][host_page, head], non_blocking=True)
-
-    def copy_window_to_resident(self, layer: int, rid: int, slot_index: int, head: int, block: int) -> None:
-        src = self.window_page(rid, block)
-        dst = self.resident_page(rid, slot_index)
-        self.dev_k[layer][dst, head].copy_(self.dev_k[layer][src, head])
-        self.dev_v[layer][dst, head].copy_(self.dev_v[layer][src, head])
 
     def block_bytes_per_head(self, layer: int) -> int:
         k = self.host_k[layer]

@@ -26,6 +26,11 @@ from scout_sglang.core.shape import ModelShape
 from scout_sglang.env import config_from_env, pool_settings_from_env
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
+from scout_sglang.sglang_adapter.graph_breaks import (
+    attend_between_segments,
+    graph_break_active,
+    use_breakable_decode_graphs,
+)
 from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
@@ -55,10 +60,6 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
     if not str(getattr(server_args, "kv_cache_dtype", "auto")).startswith(("auto", "bf16", "bfloat16", "float16", "fp16")):
         reasons.append(f"--kv-cache-dtype {server_args.kv_cache_dtype}: the host store and CPU kernel hold "
                        "16-bit K/V; use --kv-cache-dtype auto")
-    if scout.mode in ("scout", "infinigen") and scout.layer_ahead:
-        for problem in prediction_problems(model_runner.model, model_runner.model_config.num_hidden_layers):
-            reasons.append(f"layer-ahead prediction: {problem}; set SCOUT_LAYER_AHEAD=0 to select with the "
-                           "real query in the same layer")
     return reasons
 
 
@@ -98,26 +99,35 @@ class ScoutAttnBackend:
                                "its KV cache configurator did not attach (is this sglang 0.5.23?)")
         self.inner = stock_backend(model_runner) if self.layout == "stock" else None
         tp_size = getattr(model_runner, "tp_size", 1)
-        self.shape = ModelShape(num_layers=model_runner.model_config.num_hidden_layers,
+        # Layer count, heads and dtype come from the KV pool (what SGLang's minimal runners also have).
+        self.shape = ModelShape(num_layers=pool.layer_num,
                                 num_qo_heads=model_runner.model_config.num_attention_heads // tp_size,
                                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
+        if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
+            problems = prediction_problems(getattr(model_runner, "model", None), self.shape.num_layers)
+            if problems:  # the model is what a full server has; without it, select in the same layer
+                logger.warning("scout: layer-ahead prediction is off (%s); each layer selects with its real query "
+                               "(SCOUT_LAYER_AHEAD=0 says so explicitly)", "; ".join(problems))
+                self.config = self.config.replace(layer_ahead=False)
         max_requests = self.req_to_token_pool.size
-        logical_tokens = model_runner.max_total_num_tokens
+        logical_tokens = getattr(model_runner, "max_total_num_tokens", None) or pool.size
         total_pages = memory_report.engine_total_pages(logical_tokens, self.config.block_size, max_requests)
         if self.layout == "stock":  # the scout pool checked the engine's memory when it was sized
             check_engine_memory(plan_engine(pool, logical_tokens, max_requests, self.config), self.device,
                                 logical_tokens)
+        context = min(model_runner.model_config.context_len, logical_tokens)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
-                                        max_requests=max_requests, total_pages=total_pages, track_changes=False)
+                                        max_requests=max_requests, max_tokens_per_request=context + 1,
+                                        total_pages=total_pages, track_changes=False)
         self.last_telemetry = None
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}
+        self._graph_rows: int | None = None  # rows of the planned decode step (a graph's batch is padded)
         self._extend_plan: list[tuple[int, int, int]] = []
         self.predictor = None
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
-                                            self._on_prediction)
-        context = min(model_runner.model_config.context_len, logical_tokens)
+                                            self._on_prediction, on_graph=self.on_graph)
         logger.info("%s", memory_report.startup_message(self.engine, self.layout, logical_tokens, context,
                                                         memory_report.sglang_pool_bytes(pool, self.layout), max_requests))
         self.metrics = ScoutMetrics.create(model_runner.server_args)
@@ -135,9 +145,34 @@ class ScoutAttnBackend:
             self.predictor.active = decoding
             self.predictor.positions = forward_batch.positions if decoding else None
 
+    # -- decode CUDA graphs (SGLang's graph runner protocol; graph_breaks.py) ------------------
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
-        raise RuntimeError("the scout attention backend does not run under decode CUDA graphs yet (its CPU part "
-                           "and hooks must run eagerly): start the server with --cuda-graph-backend-decode disabled")
+        """Called once before capture. The engine's buffers are already preallocated at max_requests rows;
+        the graph runner is asked for breakable graphs (the CPU hand-off runs between captured segments)."""
+        if max_bs > self.engine.max_requests:
+            raise RuntimeError(f"decode graphs captured up to batch {max_bs}, beyond the engine's "
+                               f"{self.engine.max_requests} request slots")
+        if str(self.device).startswith("cuda"):
+            use_breakable_decode_graphs()
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        """Host-side planning of a graph step: at capture the batch is a dummy (nothing to plan); on replay
+        `forward_batch` is SGLang's replay view, padded to the captured size: the step is planned for its
+        first `batch_size - num_padding` rows, which the breaks then compute."""
+        self._graph_rows = None
+        if in_capture or not forward_batch.forward_mode.is_decode():
+            return
+        rows = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
+        self._graph_rows = rows
+        if rows > 0:
+            self._begin_step(forward_batch, rows=rows)
+        if self.predictor is not None:
+            self.predictor.active = rows > 0
+            self.predictor.positions = forward_batch.positions[:rows] if rows > 0 else None
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        """Nothing: a step's metadata is the engine's plan, built out of the graph (an inner stock backend
+        runs prefill only, which decode graphs never capture)."""
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if forward_batch.forward_mode.is_decode():
@@ -174,22 +209,42 @@ class ScoutAttnBackend:
 
         if save_kv_cache and k is not None and self.layout == "stock":  # the scout pools hold no decode rows
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
-        layer_id = layer.layer_id
         self._check_scale(layer)
-        batch_size = forward_batch.batch_size
-        q = q.reshape(batch_size, self.shape.num_qo_heads, self.shape.head_dim)
+        out = q.new_empty(q.shape[0], self.shape.num_qo_heads * self.shape.head_dim)
+        if self.on_graph():  # captured: the engine runs between segments, on the replayed step's rows
+            attend_between_segments(self, layer.layer_id, q, k, v, out)
+        else:
+            self.decode_into(layer.layer_id, q, k, v, out)
+        return out
+
+    def decode_into(self, layer_id: int, q, k, v, out) -> None:
+        """One layer of the planned step: the engine's attention of the first `rows` rows into out
+        [B, Hq * D] (rows past them, a graph's padding, get zeros); the last layer ends the step."""
+        rows = self._graph_rows
+        if not rows or self.engine.plan is None:  # a graph capture or warm-up (a dummy batch): nothing planned
+            out.zero_()
+            return
+        heads, kv_heads, head_dim = self.shape.num_qo_heads, self.shape.num_kv_heads, self.shape.head_dim
+        q = q[:rows].reshape(rows, heads, head_dim)
         predicted = self._predicted.pop(layer_id, None)
         if predicted is not None:
             self.stats.add_cosines(torch.nn.functional.cosine_similarity(predicted.float().flatten(1),
                                                                          q.float().flatten(1), dim=-1))
-        o = self.engine.attend(layer_id, q, k.reshape(batch_size, self.shape.num_kv_heads, self.shape.head_dim),
-                               v.reshape(batch_size, self.shape.num_kv_heads, self.shape.head_dim))
+        o = self.engine.attend(layer_id, q, k[:rows].reshape(rows, kv_heads, head_dim),
+                               v[:rows].reshape(rows, kv_heads, head_dim))
+        out[:rows] = o.reshape(rows, heads * head_dim)
+        if out.shape[0] > rows:
+            out[rows:] = 0
         if layer_id == self.shape.num_layers - 1:
             self.last_telemetry = self.engine.end_step()
             self.stats.add_step(self.last_telemetry)
             if self.metrics is not None:
                 self.metrics.update(self.report())
-        return o.reshape(batch_size, self.shape.num_qo_heads * self.shape.head_dim).to(q.dtype)
+
+    def on_graph(self) -> bool:
+        """True while SGLang captures, warms up or replays a breakable decode graph (never on a CPU server;
+        the CPU tests emulate it)."""
+        return graph_break_active()
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
@@ -204,6 +259,10 @@ class ScoutAttnBackend:
 
     # -- layer-ahead ---------------------------------------------------------------
     def _on_prediction(self, layer: int, q_pred: torch.Tensor) -> None:
+        rows = self._graph_rows or 0
+        if rows == 0:  # a graph warm-up: nothing planned
+            return
+        q_pred = q_pred[:rows]
         self._predicted[layer] = q_pred
         self.engine.predict(layer, q_pred)
 
@@ -222,10 +281,13 @@ class ScoutAttnBackend:
         if self.metrics is not None:
             self.metrics.update(self.report())
 
-    def _begin_step(self, forward_batch) -> None:
+    def _begin_step(self, forward_batch, rows: int | None = None) -> None:
+        """Plan a decode step from the batch's host-side copies (no device read on a GPU)."""
         self._predicted.clear()
-        rids = forward_batch.req_pool_indices.tolist()
-        seq_lens = forward_batch.seq_lens_cpu.tolist()
+        rows = forward_batch.batch_size if rows is None else rows
+        self._graph_rows = rows
+        rids = _host_list(forward_batch, "req_pool_indices")[:rows]
+        seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
         for rid, seq_len in zip(rids, seq_lens):
             known = self.engine.requests.get(rid)
             if self.layout == "logical" and (known is None or known.num_tokens != seq_len - 1):
@@ -243,7 +305,7 @@ class ScoutAttnBackend:
 
     def _begin_extend(self, forward_batch) -> None:
         """Admit the requests whose prefill starts; check that continued chunks continue what the engine holds."""
-        rids = forward_batch.req_pool_indices.tolist()
+        rids = _host_list(forward_batch, "req_pool_indices")
         prefixes, lengths = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
         for rid, prefix in zip(rids, prefixes):
             known = self.engine.requests.get(rid)
@@ -269,6 +331,13 @@ class ScoutAttnBackend:
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]
             self.engine.prefill(rid, layer_id, k, v)
+
+
+def _host_list(forward_batch, name: str) -> list[int]:
+    """A ForwardBatch field from its host copy (`<name>_cpu`) when SGLang keeps one, else from the tensor
+    (on a GPU that is a device read, once per step, at planning)."""
+    host = getattr(forward_batch, f"{name}_cpu", None)
+    return (host if host is not None else getattr(forward_batch, name)).tolist()
 
 
 def _as_attention_backend():

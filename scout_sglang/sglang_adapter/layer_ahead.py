@@ -49,11 +49,12 @@ class QueryPredictor:
     the hooks do nothing while `active` is False (prefill, idle).
     """
 
-    def __init__(self, model, head_dim: int, wants, on_prediction):
+    def __init__(self, model, head_dim: int, wants, on_prediction, on_graph=lambda: False):
         self.layers = decoder_layers(model)
         self.head_dim = head_dim
         self.wants = wants
         self.on_prediction = on_prediction
+        self.on_graph = on_graph  # True while a decode graph is captured or replayed: predict between segments
         self.active = False
         self.positions: torch.Tensor | None = None
         self._handles = [layer.self_attn.qkv_proj.register_forward_pre_hook(self._hook(index))
@@ -66,10 +67,21 @@ class QueryPredictor:
 
     def _hook(self, index: int):
         def hook(module, args):
-            if self.active and self.wants(index + 1):
-                self.on_prediction(index + 1, self.predict(index + 1, args[0]))
+            if not self.wants(index + 1):
+                return
+            if self.on_graph():
+                from scout_sglang.sglang_adapter.graph_breaks import predict_between_segments
+
+                predict_between_segments(self, index + 1, args[0])
+            else:
+                self.predict_and_deliver(index + 1, args[0])
 
         return hook
+
+    def predict_and_deliver(self, layer: int, x: torch.Tensor) -> None:
+        """Predict `layer`'s query from x [B', hidden] (a graph's padded rows are dropped) and hand it on."""
+        if self.active:
+            self.on_prediction(layer, self.predict(layer, x[: self.positions.shape[0]]))
 
     @torch.no_grad()
     def predict(self, layer: int, x: torch.Tensor) -> torch.Tensor:

@@ -51,15 +51,16 @@ def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, 
     page = 2 * num_kv_heads * block * head_dim * itemsize  # K and V of one block
     digest_row = 2 * num_kv_heads * head_dim * itemsize  # min and max of one block
     resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
-    window_pages = slots * (config.sink_blocks + config.local_blocks + 1 + resident)
-    quest_digests = len(full) * total_pages * digest_row if config.mode == "quest" else 0
+    # Every store has one scratch page for the decode step's fixed-shape writes (core/stores.py).
+    pages, window_pages = total_pages + 1, slots * (config.sink_blocks + config.local_blocks + 1 + resident) + 1
+    quest_digests = len(full) * pages * digest_row if config.mode == "quest" else 0
     parts = {
-        "digest_bytes_allocated": len(offloaded) * total_pages * digest_row + quest_digests,
+        "digest_bytes_allocated": len(offloaded) * pages * digest_row + quest_digests,
         "window_and_resident_bytes_allocated": len(offloaded) * window_pages * page,
-        "dense_layer_bytes_allocated": len(full) * total_pages * page,
+        "dense_layer_bytes_allocated": len(full) * pages * page,
     }
     return {**parts, "device_bytes_allocated": sum(parts.values()),
-            "host_bytes_allocated": len(offloaded) * total_pages * page, "dense_layers": list(full)}
+            "host_bytes_allocated": len(offloaded) * pages * page, "dense_layers": list(full)}
 
 
 def device_parts(engine) -> dict:

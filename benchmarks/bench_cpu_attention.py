@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from scout_sglang.cpu_worker import CpuAttentionPool
 from scout_sglang.cpu_worker.host_memory import alloc_host_tensor, anon_huge_kib, thp_state
 from scout_sglang.cpu_worker.native_kernel import load_native
+from scout_sglang.plan.measure import read_bandwidth_gbs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, block_size=32, batch_size=8, blocks_per_head=64)
@@ -70,29 +70,7 @@ def hardware() -> dict:
     )
 
 
-# -- memory read bandwidth ------------------------------------------------------
-
-
-def _threaded_seconds(work: list) -> float:
-    """Wall time of running each callable of `work` on its own thread."""
-    threads = [threading.Thread(target=fn) for fn in work]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - start
-
-
-def read_bandwidth_gbs(buf: torch.Tensor, num_threads: int) -> dict:
-    """One measurement per method of GB/s read by `num_threads` threads summing disjoint chunks."""
-    chunks = buf.chunk(num_threads)
-    arrays = [c.numpy() for c in chunks]
-    nbytes = buf.numel() * buf.element_size()
-    return dict(
-        torch_sum=nbytes / _threaded_seconds([lambda c=c: c.sum() for c in chunks]) / 1e9,
-        numpy_sum=nbytes / _threaded_seconds([lambda a=a: a.sum() for a in arrays]) / 1e9,
-    )
+# -- memory read bandwidth: read_bandwidth_gbs, shared with the planner (scout_sglang.plan.measure) --
 
 
 # -- attention ------------------------------------------------------------------

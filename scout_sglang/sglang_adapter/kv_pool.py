@@ -75,6 +75,13 @@ def pool_problems(server_args) -> list[str]:
     return problems
 
 
+def placeholder_tokens(requests: int, page_size: int) -> int:
+    """Token capacity SGLang builds its own pools for under the logical layout: 2 tokens per request slot (its
+    request pool gets min(requests, capacity // 2) slots), rounded up to whole pages. SGLang's token pool adds one
+    page of padding to it."""
+    return -(-2 * requests // page_size) * page_size
+
+
 def host_bytes_per_token(pool) -> int:
     """Host bytes of one token's K and V over all layers, as the engine stores them."""
     return pool.layer_num * pool.head_num * (pool.head_dim + pool.v_head_dim) * pool.dtype.itemsize
@@ -156,7 +163,7 @@ def configure_around(original, configurator, *args, **kwargs):
     schedule = get_schedule()
     page_size = configurator.page_size
     requests = schedule.max_running_requests or DEFAULT_MAX_REQUESTS
-    placeholder = -(-2 * requests // page_size) * page_size
+    placeholder = placeholder_tokens(requests, page_size)
     with schedule.override(max_total_tokens=placeholder, max_running_requests=requests):
         result = original(configurator, *args, **kwargs)
     pool = result.token_to_kv_pool

@@ -96,17 +96,29 @@ def token_bytes_per_layer(engine) -> int:
 def per_request_bytes(engine, context: int) -> dict:
     """Device bytes one request of `context` tokens needs, per layer of each kind and over all layers,
     next to full attention."""
-    token, block = token_bytes_per_layer(engine), engine.block_size
+    return request_device_bytes(engine.config, num_layers=engine.shape.num_layers,
+                                num_kv_heads=engine.shape.num_kv_heads, head_dim=engine.shape.head_dim,
+                                itemsize=engine.dtype.itemsize, context=context)
+
+
+def request_device_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
+                         context: int) -> dict:
+    """per_request_bytes() of the engine CoAttentionEngine(config, ...) would build, before it is built (the
+    planner needs it for models it never loads). Equal to per_request_bytes of the built engine (tested)."""
+    offloaded, full = layer_split(config, num_layers)
+    block = config.block_size
+    token = 2 * num_kv_heads * head_dim * itemsize  # K and V of one token in one layer
     blocks = ceil_div(context, block)
-    digests = blocks * 2 * engine.shape.num_kv_heads * engine.shape.head_dim * engine.dtype.itemsize
-    dense = blocks * block * token + (digests if engine.config.mode == "quest" else 0)
-    window = engine.offloaded.pages_per_request * block * token if engine.offloaded_layers else 0
-    offloaded = {"window_and_resident": window, "digests": digests, "device": window + digests}
-    num_offloaded, num_dense = len(engine.offloaded_layers), len(engine.full_layers)
-    return {"context": context, "offloaded_layers": num_offloaded, "dense_layers": num_dense,
-            "offloaded_layer": offloaded if num_offloaded else None, "dense_layer": dense if num_dense else None,
-            "device": num_offloaded * offloaded["device"] + num_dense * dense,
-            "full_attention": context * token * engine.shape.num_layers}
+    digests = blocks * 2 * num_kv_heads * head_dim * itemsize  # min and max of K per block
+    dense = blocks * block * token + (digests if config.mode == "quest" else 0)
+    resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
+    pages_per_request = config.sink_blocks + config.local_blocks + 1 + resident  # as OffloadedStore sizes them
+    window = pages_per_request * block * token if offloaded else 0
+    per_offloaded = {"window_and_resident": window, "digests": digests, "device": window + digests}
+    return {"context": context, "offloaded_layers": len(offloaded), "dense_layers": len(full),
+            "offloaded_layer": per_offloaded if offloaded else None, "dense_layer": dense if full else None,
+            "device": len(offloaded) * per_offloaded["device"] + len(full) * dense,
+            "full_attention": context * token * num_layers}
 
 
 def startup_message(engine, layout: str, logical_tokens: int, context: int, sglang_pool: dict, slots: int) -> str:

@@ -1,0 +1,106 @@
+"""Host figures measured on this machine (--measure): memory read bandwidth, the CPU attention's K/V
+throughput, and the host cost of dispatching one op.
+
+The read-bandwidth measurement is the one benchmarks/bench_cpu_attention.py
+reports (it imports it from here). The CPU attention figure runs the engine's
+own CPU worker pool on a Qwen3-8B-like workload (Hkv 8, D 128, block 32, bf16)
+in a host cache larger than the last-level cache, briefly: a planning figure,
+not a benchmark (that one is bench_cpu_attention.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from scout_sglang.plan.figures import Figure
+
+NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, GROUP_SIZE = 8, 128, 32, 4
+BATCH_SIZE, BLOCKS_PER_HEAD = 8, 64
+
+
+def _threaded_seconds(work: list) -> float:
+    """Wall time of running each callable of `work` on its own thread."""
+    threads = [threading.Thread(target=fn) for fn in work]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def read_bandwidth_gbs(buf, num_threads: int) -> dict:
+    """One measurement per method of GB/s read by `num_threads` threads summing disjoint chunks of `buf` (a CPU
+    tensor much larger than the last-level cache)."""
+    chunks = buf.chunk(num_threads)
+    arrays = [c.numpy() for c in chunks]
+    nbytes = buf.numel() * buf.element_size()
+    return dict(
+        torch_sum=nbytes / _threaded_seconds([lambda c=c: c.sum() for c in chunks]) / 1e9,
+        numpy_sum=nbytes / _threaded_seconds([lambda a=a: a.sum() for a in arrays]) / 1e9,
+    )
+
+
+def measure_read_bandwidth(*, gib: float = 0.5, rounds: int = 3) -> Figure:
+    """Best GB/s over `rounds` of every usable CPU summing a `gib` GiB fp32 buffer."""
+    import torch
+
+    threads = len(os.sched_getaffinity(0))
+    buf = torch.ones(int(gib * 2**28), dtype=torch.float32)  # 4 bytes an element
+    best = max(max(read_bandwidth_gbs(buf, threads).values()) for _ in range(rounds))
+    return Figure(round(best, 2), "GB/s", "measured", f"{threads} threads summing {gib:g} GiB, best of {rounds}")
+
+
+def measure_cpu_attention(*, num_pages: int = 2048, rounds: int = 3, num_groups: int = 0) -> Figure:
+    """GB/s of K+V the CPU worker pool reads for decode attention over random blocks of a host cache of
+    `num_pages` blocks (2048: 256 MiB of K+V)."""
+    import torch
+
+    from scout_sglang.cpu_worker import CpuAttentionPool
+
+    groups = num_groups or len(os.sched_getaffinity(0))
+    gen = torch.Generator().manual_seed(0)
+    shape = (num_pages, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)  # [P, Hkv, S, D] HND pages
+    k_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    q = torch.randn(BATCH_SIZE, NUM_KV_HEADS * GROUP_SIZE, HEAD_DIM, generator=gen).to(torch.bfloat16)  # [B, Hq, D]
+    out_o = torch.empty(q.shape, dtype=torch.float32)  # [B, Hq, D]
+    out_lse = torch.empty(q.shape[:2], dtype=torch.float32)  # [B, Hq], natural log
+    tables = [torch.stack([torch.randperm(num_pages, generator=gen)[:BLOCKS_PER_HEAD]
+                           for _ in range(BATCH_SIZE * NUM_KV_HEADS)]).view(BATCH_SIZE, NUM_KV_HEADS, -1).to(torch.int32)
+              for _ in range(4)]  # [B, Hkv, K] distinct pages per head
+    counts = torch.full((BATCH_SIZE, NUM_KV_HEADS), BLOCKS_PER_HEAD, dtype=torch.int32)  # [B, Hkv]
+    nbytes = 2 * BATCH_SIZE * NUM_KV_HEADS * BLOCKS_PER_HEAD * BLOCK_SIZE * HEAD_DIM * 2  # K and V, bf16
+    pool = CpuAttentionPool(num_groups=groups, threads_per_group=1)
+    best = 0.0
+    try:
+        for attempt in range(rounds + 1):  # the first pass warms up (scratch buffers, page faults)
+            start = time.perf_counter()
+            for table in tables:
+                pool.wait(pool.submit(q, k_cache, v_cache, table, counts, scale=HEAD_DIM**-0.5, out_o=out_o,
+                                      out_lse=out_lse))
+            if attempt:
+                best = max(best, nbytes * len(tables) / (time.perf_counter() - start) / 1e9)
+        impl = getattr(pool, "impl", "auto")
+    finally:
+        pool.shutdown()
+    return Figure(round(best, 2), "GB/s", "measured",
+                  f"CPU worker pool ({impl}), {groups} groups, batch {BATCH_SIZE} x {NUM_KV_HEADS} KV heads x "
+                  f"{BLOCKS_PER_HEAD} random blocks of {BLOCK_SIZE}, bf16, best of {rounds}")
+
+
+def measure_dispatch_us(*, ops: int = 20000) -> Figure:
+    """Host microseconds to dispatch one small torch op on this CPU (what a launch costs before the driver)."""
+    import torch
+
+    a, b = torch.ones(8), torch.ones(8)
+    out = torch.empty(8)
+    for _ in range(1000):  # warm-up
+        torch.add(a, b, out=out)
+    start = time.perf_counter()
+    for _ in range(ops):
+        torch.add(a, b, out=out)
+    return Figure(round((time.perf_counter() - start) / ops * 1e6, 2), "us", "measured",
+                  f"torch.add on 8 elements, {ops} times, on this host")

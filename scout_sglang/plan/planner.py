@@ -1,0 +1,216 @@
+"""The planner: inputs (each a Figure) -> capacity and step time of every mode -> a recommended preset.
+
+__main__.py turns the command line into PlanRequest; report.py prints what
+plan() returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from scout_sglang.config import MODES, ScoutConfig
+from scout_sglang.env import load_preset
+from scout_sglang.plan.capacity import STOCK, max_batch, token_bytes
+from scout_sglang.plan.figures import Figure
+from scout_sglang.plan.gpus import gpu_spec
+from scout_sglang.plan.host_counts import DEFAULT_PATH as HOST_OVERHEAD_PATH
+from scout_sglang.plan.models import ModelSpec
+from scout_sglang.plan.step_model import Hardware, Workload, step_time
+
+GIB = 2**30
+RECOMMEND_BUDGETS = (1024, 2048, 4096)  # scout token budgets the recommendation chooses among
+KEEP_PRESET_MARGIN = 0.10
+# A server host's CPU attention throughput when not measured: one socket of 8 DDR5-4800 channels reads 307 GB/s
+# at peak; bench_cpu_attention measured the native kernel at 0.46-0.72 of the read bandwidth a sum reaches, and
+# a sum reaches well under peak. A third of peak, rounded.
+ASSUMED_CPU_ATTENTION_GBS = 100.0
+ASSUMED_MEM_FRACTION = 0.88  # SGLang's --mem-fraction-static: weights + K/V share of device memory
+ASSUMED_CHANGE_RATE = 0.15  # ScoutAttention reports < 15% of selected blocks changing between tokens
+ASSUMED_LAUNCH_US, ASSUMED_SYNC_US = 5.0, 20.0
+ASSUMED_MODEL_LAUNCHES = 10.0  # norms, qkv, rope, o_proj, residual, gate_up, activation, down per layer
+FLAGS = {  # PlanRequest.overrides key -> the command-line flag that sets it
+    "gpu_memory": "--gpu-mem-gib", "hbm_bandwidth": "--hbm-gbs", "pcie_bandwidth": "--pcie-gbs",
+    "peak_bf16": "--tflops", "cpu_attention": "--cpu-gbs", "launch_us": "--launch-us", "sync_us": "--sync-us",
+    "host_memory": "--host-mem-gib", "mem_fraction": "--mem-fraction-static", "change_rate": "--change-rate",
+    "max_running_requests": "--max-running-requests",
+}
+
+
+@dataclass
+class PlanRequest:
+    """Everything plan() needs. None: look up, measure or assume (the report says which)."""
+
+    model: ModelSpec
+    gpu: str = "H100"
+    context: int = 65536
+    output_len: int = 1024
+    scout_preset: str = "default"
+    budget: int | None = None
+    block_size: int | None = None
+    itemsize: int = 2
+    measure: bool = False
+    modes: tuple[str, ...] = MODES
+    overrides: dict = field(default_factory=dict)  # gpu_memory, hbm_bandwidth, pcie_bandwidth, peak_bf16,
+    # cpu_attention, launch_us, sync_us, host_memory, mem_fraction, change_rate, max_running_requests
+    host_overhead_path: str | None = None
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.context <= 0:
+            out.append(f"--context must be > 0, got {self.context}")
+        if self.output_len < 0:
+            out.append(f"--output-len must be >= 0, got {self.output_len}")
+        for name, value in self.overrides.items():
+            if value is not None and value <= 0:
+                out.append(f"{FLAGS.get(name, name)} must be > 0, got {value}")
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown:
+            out.append(f"unknown modes {unknown}; known: {list(MODES)}")
+        return out
+
+
+def scout_config(request: PlanRequest) -> ScoutConfig:
+    fields = load_preset(request.scout_preset)
+    if request.budget is not None:
+        fields["token_budget"] = request.budget
+    if request.block_size is not None:
+        fields["block_size"] = request.block_size
+    return ScoutConfig(**fields)
+
+
+def _given_or(request: PlanRequest, name: str, unit: str, fallback: Figure) -> Figure:
+    value = request.overrides.get(name)
+    return fallback if value is None else Figure(float(value), unit, "given", "on the command line")
+
+
+def _host_overhead_assumptions(path) -> dict:
+    try:
+        return json.loads(open(path).read()).get("assumptions", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def gather_inputs(request: PlanRequest) -> dict[str, Figure]:
+    """Every rate and size the models use, labelled."""
+    figures = {}
+    if request.gpu.lower() == "custom":
+        missing = [n for n in ("gpu_memory", "hbm_bandwidth", "pcie_bandwidth", "peak_bf16")
+                   if request.overrides.get(n) is None]
+        if missing:
+            raise ValueError("--gpu custom needs " + ", ".join(FLAGS[n] for n in missing))
+    else:
+        figures.update(gpu_spec(request.gpu).figures())
+    units = {"gpu_memory": "GiB", "hbm_bandwidth": "GB/s", "pcie_bandwidth": "GB/s", "peak_bf16": "TFLOP/s"}
+    for name, unit in units.items():
+        if request.overrides.get(name) is not None:
+            figures[name] = Figure(float(request.overrides[name]), unit, "given", "on the command line")
+    path = request.host_overhead_path or HOST_OVERHEAD_PATH
+    recorded = _host_overhead_assumptions(path)
+    launch = Figure(float(recorded.get("launch_us", ASSUMED_LAUNCH_US)), "us", "assumed",
+                    "the cost bench_host_overhead assumes per CUDA launch" if "launch_us" in recorded
+                    else "a typical CUDA kernel launch")
+    sync = Figure(float(recorded.get("sync_us", ASSUMED_SYNC_US)), "us", "assumed",
+                  "the cost bench_host_overhead assumes per device-to-host read" if "sync_us" in recorded
+                  else "a device-to-host read that drains the launch queue")
+    cpu = Figure(ASSUMED_CPU_ATTENTION_GBS, "GB/s", "assumed", "a server host: a third of one DDR5 socket's peak")
+    if request.measure:
+        from scout_sglang.plan import measure
+
+        figures["host_read_bandwidth"] = measure.measure_read_bandwidth()
+        cpu = measure.measure_cpu_attention()
+        figures["host_dispatch"] = measure.measure_dispatch_us()
+        # A CUDA launch costs the host's dispatch plus the driver's submission; the latter is not measurable here.
+        launch = Figure(round(figures["host_dispatch"].value + ASSUMED_LAUNCH_US, 2), "us", "measured",
+                        f"this host's dispatch ({figures['host_dispatch'].value} us) + {ASSUMED_LAUNCH_US} us "
+                        "assumed for the driver")
+    figures["cpu_attention"] = _given_or(request, "cpu_attention", "GB/s", cpu)
+    figures["launch_us"] = _given_or(request, "launch_us", "us", launch)
+    figures["sync_us"] = _given_or(request, "sync_us", "us", sync)
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GIB
+    figures["host_memory"] = _given_or(request, "host_memory", "GiB",
+                                       Figure(round(host, 1), "GiB", "measured", "this host's physical memory"))
+    figures["mem_fraction"] = _given_or(request, "mem_fraction", "", Figure(
+        ASSUMED_MEM_FRACTION, "", "assumed", "SGLang's --mem-fraction-static (it picks one by GPU memory)"))
+    figures["change_rate"] = _given_or(request, "change_rate", "", Figure(
+        ASSUMED_CHANGE_RATE, "", "assumed", "ScoutAttention: < 15% of selected blocks change per token"))
+    figures["model_launches_per_layer"] = Figure(ASSUMED_MODEL_LAUNCHES, "", "assumed",
+                                                 "the model's own ops per layer when decode is not graph-captured")
+    return figures
+
+
+def memory_budgets(request: PlanRequest, figures: dict[str, Figure]) -> dict:
+    """Device bytes for K/V (weights out of SGLang's static share) and host bytes for the engine's store."""
+    weights = request.model.total_params() * request.itemsize
+    device = figures["gpu_memory"].value * GIB * figures["mem_fraction"].value - weights
+    host = figures["host_memory"].value * GIB * 0.9  # the start-up check's margin (kv_pool.check_host_memory)
+    if device <= 0:
+        raise ValueError(f"{request.model.name}'s weights ({weights / GIB:.1f} GiB) do not fit "
+                         f"{figures['mem_fraction'].value:g} of {figures['gpu_memory'].value:.1f} GiB")
+    return {"weights": weights, "device_kv": int(device), "host_kv": int(host)}
+
+
+def hardware(figures: dict[str, Figure]) -> Hardware:
+    return Hardware(hbm_gbs=figures["hbm_bandwidth"].value, pcie_gbs=figures["pcie_bandwidth"].value,
+                    cpu_attention_gbs=figures["cpu_attention"].value, bf16_tflops=figures["peak_bf16"].value,
+                    launch_us=figures["launch_us"].value, sync_us=figures["sync_us"].value,
+                    model_launches_per_layer=figures["model_launches_per_layer"].value)
+
+
+def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict, budgets: dict,
+             context: int | None = None) -> dict:
+    """Capacity and step time of one mode at one input length."""
+    context = request.context if context is None else context
+    mode_config = ScoutConfig(mode=STOCK) if mode == STOCK else config.replace(mode=mode)
+    capacity = max_batch(mode_config, request.model, itemsize=request.itemsize,
+                         request_tokens=context + request.output_len, device_budget=budgets["device_kv"],
+                         host_budget=budgets["host_kv"], max_requests=request.overrides.get("max_running_requests"))
+    work = Workload(batch_size=capacity.max_batch, context=context + request.output_len // 2,
+                    itemsize=request.itemsize, change_rate=figures["change_rate"].value, output_len=request.output_len)
+    step = step_time(mode, config, request.model, hardware(figures), work,
+                     host_overhead_path=request.host_overhead_path)
+    return {"capacity": capacity, "step": step}
+
+
+def recommend(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: dict) -> dict:
+    """The scout budget of RECOMMEND_BUDGETS with the most tokens/s with the host's launches hidden (the budget
+    moves the device, CPU and PCIe terms; the host's counts, read per batch, do not depend on it). The preset's
+    own budget is kept unless another is more than KEEP_PRESET_MARGIN faster: the model knows nothing of
+    accuracy, which the preset's budget was measured at."""
+    results = {}
+    for budget in sorted({*RECOMMEND_BUDGETS, config.token_budget}):
+        try:
+            candidate = config.replace(token_budget=budget)
+        except ValueError:
+            continue  # not a multiple of the block size, or below the forced blocks
+        results[budget] = (candidate, evaluate("scout", candidate, request, figures, budgets))
+    best = max(results, key=lambda b: (round(key_rate(results[b][1]["step"]), 6), b))
+    own = key_rate(results[config.token_budget][1]["step"])
+    if own * (1 + KEEP_PRESET_MARGIN) >= key_rate(results[best][1]["step"]):
+        best = config.token_budget
+    chosen, result = results[best]
+    return {"token_budget": chosen.token_budget, "block_size": chosen.block_size, "recall_policy": chosen.recall_policy,
+            "recall_beta": chosen.recall_beta, "cpu_groups": "0 (one per core of the host)",
+            "max_batch": result["capacity"].max_batch, "tokens_per_s": result["step"].tokens_per_s,
+            "tokens_per_s_host_hidden": key_rate(result["step"]), "expected_cpu_ratio": result["step"].cpu_ratio,
+            "env": f"SCOUT_CONFIG={request.scout_preset} SCOUT_TOKEN_BUDGET={chosen.token_budget} SCOUT_CPU_GROUPS=0"}
+
+
+def key_rate(step) -> float:
+    """Tokens/s of a step with the host's launches and syncs hidden."""
+    return step.batch_size / step.step_ms_without_host * 1e3 if step.step_ms_without_host else 0.0
+
+
+def plan(request: PlanRequest) -> dict:
+    """The whole plan: inputs, budgets, and per mode its capacity and step; then the recommendation."""
+    problems = request.problems()
+    if problems:
+        raise ValueError("\n".join(problems))
+    config = scout_config(request)
+    figures = gather_inputs(request)
+    budgets = memory_budgets(request, figures)
+    results = {mode: evaluate(mode, config, request, figures, budgets) for mode in request.modes}
+    return {"model": request.model, "gpu": request.gpu, "config": config, "figures": figures, "budgets": budgets,
+            "token_bytes": token_bytes(request.model, request.itemsize), "results": results,
+            "recommendation": recommend(request, config, figures, budgets), "request": request}

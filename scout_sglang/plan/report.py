@@ -1,0 +1,99 @@
+"""What the planner prints: the inputs with their labels, a table per mode, the recommendation; or JSON;
+or a plot of throughput against context (the shape of ScoutAttention's Figure 8)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scout_sglang.plan.capacity import STOCK
+
+GIB, MIB = 2**30, 2**20
+
+
+def _full_tokens_per_s(results: dict) -> float | None:
+    full = results.get(STOCK)
+    return full["step"].tokens_per_s if full and full["step"].tokens_per_s else None
+
+
+def text_report(plan: dict) -> str:
+    request, model, budgets = plan["request"], plan["model"], plan["budgets"]
+    lines = [f"scout plan: {model.name} ({model.total_params() / 1e9:.2f} B parameters, {model.num_layers} layers, "
+             f"{model.num_kv_heads} KV heads x {model.head_dim}) on {plan['gpu']}; {request.context} input + "
+             f"{request.output_len} output tokens per request",
+             f"K/V of one token, all layers: {plan['token_bytes'] / 1024:g} KiB. Device memory for K/V: "
+             f"{budgets['device_kv'] / GIB:.1f} GiB (after {budgets['weights'] / GIB:.1f} GiB of weights); host "
+             f"memory for the engine's store: {budgets['host_kv'] / GIB:.1f} GiB", "", "inputs:"]
+    for name, figure in plan["figures"].items():
+        lines.append(f"  {name:<26} {figure.text()}")
+    config = plan["config"]
+    lines += ["", f"scout settings: preset {request.scout_preset}, budget {config.token_budget} tokens, block "
+              f"{config.block_size}, dense layers {list(config.dense_layers)}, recall {config.recall_policy}"
+              f" (beta {config.recall_beta})", ""]
+    header = ("mode", "max batch", "limit", "step ms", "tokens/s", "x full", "bound", "GPU idle", "CPU ratio",
+              "host hidden: step ms", "GPU idle")
+    rows = [header]
+    full = _full_tokens_per_s(plan["results"])
+    for mode, result in plan["results"].items():
+        capacity, step = result["capacity"], result["step"]
+        ratio = f"{step.tokens_per_s / full:.2f}" if full else "-"
+        rows.append((mode if mode != STOCK else "full (stock)", str(capacity.max_batch), capacity.limit,
+                     f"{step.step_ms:.1f}", f"{step.tokens_per_s:.0f}", ratio, step.bound, f"{step.gpu_idle:.0%}",
+                     f"{step.cpu_ratio:.0%}", f"{step.step_ms_without_host:.1f}", f"{step.gpu_idle_without_host:.0%}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    rec = plan["recommendation"]
+    lines += ["", f"recommended: {rec['env']} (budget {rec['token_budget']}, block {rec['block_size']}, recall "
+              f"{rec['recall_policy']} beta {rec['recall_beta']}, CPU groups {rec['cpu_groups']}): max batch "
+              f"{rec['max_batch']}, {rec['tokens_per_s']:.0f} tokens/s ({rec['tokens_per_s_host_hidden']:.0f} with the host "
+              f"hidden), expected CPU ratio "
+              f"{rec['expected_cpu_ratio']:.0%}",
+              "", "A projection from the model in docs/performance_model.md: decode steps only (no prefill), every "
+              "request at its mid-output length. Host counts: " + next(
+                  (r["step"].host_counts_source for m, r in plan["results"].items() if m == "scout"), "-")]
+    return "\n".join(lines)
+
+
+def json_report(plan: dict) -> dict:
+    request = plan["request"]
+    return {
+        "model": dataclasses.asdict(plan["model"]), "gpu": plan["gpu"], "context": request.context,
+        "output_len": request.output_len, "scout_config": {k: v for k, v in dataclasses.asdict(plan["config"]).items()
+                                                          if k != "extra"},
+        "inputs": {name: figure.as_dict() for name, figure in plan["figures"].items()},
+        "budgets": plan["budgets"], "token_bytes": plan["token_bytes"],
+        "modes": {mode: {"capacity": dataclasses.asdict(r["capacity"]), "step": r["step"].as_dict()}
+                  for mode, r in plan["results"].items()},
+        "recommendation": plan["recommendation"],
+    }
+
+
+def plot(plan: dict, path: str, contexts=(4096, 8192, 16384, 32768, 65536, 131072)) -> None:
+    """Throughput (tokens/s at each mode's largest batch) against input length, one line per mode; dashed: the
+    same with the host's per-layer launches and syncs hidden."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scout_sglang.plan.planner import evaluate, key_rate, memory_budgets
+
+    request, config, figures = plan["request"], plan["config"], plan["figures"]
+    budgets = memory_budgets(request, figures)
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for mode in request.modes:
+        results = [evaluate(mode, config, request, figures, budgets, context) for context in contexts]
+        rates = [r["step"].tokens_per_s or float("nan") for r in results]  # nan: not one request fits
+        line, = axis.plot(contexts, rates, marker="o", label=mode)
+        hidden = [key_rate(r["step"]) or float("nan") for r in results]
+        axis.plot(contexts, hidden, linestyle="--", color=line.get_color(), alpha=0.6)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("input tokens per request")
+    axis.set_ylabel("decode tokens / s (largest batch that fits)")
+    axis.set_title(f"{plan['model'].name} on {plan['gpu']}: projection (dashed: host overhead hidden)", fontsize=10)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

@@ -1,0 +1,243 @@
+"""Step-time model of one decode step, per layer, for full, quest, infinigen, hgca and scout.
+
+Written out with its reasons in docs/performance_model.md; in short, for a
+batch of B requests at context C (tokens), block size S, per layer:
+
+  device  t_dev = max(HBM bytes / HBM bandwidth, FLOPs / peak bf16)
+          HBM bytes = the layer's weights (read once for the batch)
+                    + B x Hkv x (K/V the device attends + digests and scores)
+          device K/V attended per (request, KV head):
+            full       C tokens
+            quest      the K selected blocks (every token stays on the device)
+            infinigen  the K selected blocks, brought into the resident buffer
+            hgca       the window only (sink, local, partial tail)
+            scout      the K selected blocks less the CPU part
+          digests and scores (all but full): ceil(C / S) blocks x (2 D bf16 + 8)
+  CPU     t_cpu = B x Hkv x CPU blocks x S x 2 D bytes / CPU attention GB/s
+          CPU blocks: hgca, every selected block outside the window; scout,
+          the expected CPU ratio r x K (the recall policy sets r)
+  PCIe    t_pcie = (recalled blocks x block bytes + the CPU part's output) / PCIe
+          recalled per step: c x K blocks (c: share of the selection that
+          changes per step), scout and infinigen
+  host    t_launch = (engine launches + the model's own) x per-launch cost,
+          t_sync = host reads x per-sync cost (each drains the launch queue)
+          stock SGLang decodes with CUDA graphs: one graph launch a step
+
+  layer time
+    scout, infinigen (launched one layer ahead):
+          max(t_dev, t_cpu, t_pcie, t_launch) + t_sync
+    hgca (CPU part in the same layer, beside the device part):
+          max(t_dev + max(0, t_cpu - t_dev_attention), t_pcie, t_launch) + t_sync
+    full, quest: max(t_dev, t_launch) + t_sync
+  dense layers (layer 0 by default) attend C tokens on the device.
+  step = sum of layer times + the output projection (vocab x hidden weights).
+
+tokens/s = B / step. The step is bound by the resource whose summed time is
+largest (HBM, compute, CPU, PCIe, host); GPU idle = 1 - device time / step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from scout_sglang.config import ScoutConfig
+from scout_sglang.core.stores import ceil_div
+from scout_sglang.plan.capacity import STOCK
+from scout_sglang.plan.host_counts import host_counts
+from scout_sglang.plan.models import ModelSpec
+from scout_sglang.sglang_adapter.memory_report import layer_split
+
+SCORE_BYTES = 8  # one fp32 score per block, written by the scoring kernel and read by top-k
+LSE_BYTES = 4  # fp32, natural log
+RESOURCES = ("HBM", "compute", "CPU", "PCIe", "host")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Rates the step model divides by (plain floats; the Figures behind them go in the report).
+
+    Parameters
+    ----------
+    hbm_gbs, pcie_gbs, cpu_attention_gbs : float
+        GB/s (1e9 bytes/s): device memory, host link (one direction), K/V read by the CPU attention workers.
+    bf16_tflops : float
+    launch_us, sync_us : float
+        Host cost of one kernel launch and of one device-to-host read.
+    model_launches_per_layer : float
+        Launches of the model's own ops per layer (norms, projections, MLP), beside the attention engine's.
+    cuda_graphs_for_stock : bool
+        Stock SGLang captures decode in CUDA graphs: its per-layer host cost is zero.
+    """
+
+    hbm_gbs: float
+    pcie_gbs: float
+    cpu_attention_gbs: float
+    bf16_tflops: float
+    launch_us: float
+    sync_us: float
+    model_launches_per_layer: float = 10.0
+    cuda_graphs_for_stock: bool = True
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is decoded: B requests at context C, in a dtype of `itemsize` bytes.
+
+    Parameters
+    ----------
+    batch_size : int
+    context : int
+        Tokens each request holds at the modelled step (the planner uses input + output / 2).
+    itemsize : int
+        Bytes of a K/V and weight element (2: bf16).
+    change_rate : float
+        Share of a (request, layer, KV head)'s selected blocks that were not selected at its previous step.
+    output_len : int
+        Decode steps per request (the "off" recall policy's CPU share grows over them).
+    """
+
+    batch_size: int
+    context: int
+    itemsize: int = 2
+    change_rate: float = 0.15
+    output_len: int = 1024
+
+
+@dataclass
+class StepEstimate:
+    """One decode step of one mode: its time, what bounds it, and each resource's time summed over layers (ms)."""
+
+    mode: str
+    batch_size: int
+    context: int
+    step_ms: float
+    tokens_per_s: float
+    step_ms_without_host: float  # the same step with the host's launches and syncs hidden (CUDA graphs)
+    bound: str
+    gpu_idle: float
+    gpu_idle_without_host: float  # GPU idle of the step with the host hidden
+    cpu_ratio: float  # share of the selected blocks attended on the CPU
+    resource_ms: dict = field(default_factory=dict)  # RESOURCES -> ms summed over the step
+    hbm_bytes: float = 0.0
+    cpu_bytes: float = 0.0
+    pcie_bytes: float = 0.0
+    host_counts_source: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def expected_cpu_ratio(config: ScoutConfig, *, change_rate: float, free_share: float, output_len: int) -> float:
+    """Share of the selected blocks that scout attends on the CPU, averaged over steps.
+
+    Each step, about `change_rate` of the selection is new, and new blocks are on the host until a recall
+    brings them in. So the CPU share climbs c, 2c, ... until the policy recalls:
+      adaptive  recall once the share exceeds recall_beta: n = floor(beta / c) + 1 steps
+      interval  recall every recall_interval steps: n = interval
+      off       never: n = output_len
+    and averages c (n + 1) / 2 over a cycle, at most the free (non-forced) share of the selection.
+    """
+    if change_rate <= 0:
+        return 0.0
+    if config.recall_policy == "adaptive":
+        steps = int(config.recall_beta // change_rate) + 1
+    elif config.recall_policy == "interval":
+        steps = config.recall_interval
+    else:
+        steps = output_len
+    return min(free_share, change_rate * (steps + 1) / 2)
+
+
+def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workload, *, dense: bool) -> dict:
+    """Bytes and tokens of one (request, KV head) in one layer: device K/V and digests read, CPU K/V read,
+    PCIe bytes, tokens attended on the device, and the CPU ratio."""
+    token = 2 * spec.head_dim * work.itemsize  # K and V of one token for one KV head
+    context = work.context
+    if mode == STOCK or dense:
+        return dict(device_kv=context * token, digests=0.0, cpu=0.0, pcie=0.0, device_tokens=context, cpu_ratio=0.0)
+    block = config.block_size
+    full_blocks = context // block
+    tail = context - full_blocks * block  # the partial block, always in the device window
+    selected = min(config.topk_blocks, full_blocks)
+    forced = min(config.sink_blocks + config.local_blocks, full_blocks)
+    free = selected - forced
+    digests = ceil_div(context, block) * (2 * spec.head_dim * work.itemsize + SCORE_BYTES)
+    cpu_blocks, recalled = 0.0, 0.0
+    if mode == "hgca":
+        cpu_blocks = free
+    elif mode == "scout":
+        free_share = free / selected if selected else 0.0
+        cpu_blocks = selected * expected_cpu_ratio(config, change_rate=work.change_rate, free_share=free_share,
+                                                   output_len=work.output_len)
+        recalled = 0.0 if config.recall_policy == "off" else work.change_rate * free
+    elif mode == "infinigen":
+        recalled = work.change_rate * free
+    device_blocks = selected - cpu_blocks
+    group = spec.num_qo_heads // spec.num_kv_heads
+    output = group * (spec.head_dim * 4 + LSE_BYTES) if cpu_blocks else 0.0  # the CPU part's o and lse, fp32
+    return dict(device_kv=(device_blocks * block + tail) * token + 2 * output, digests=digests,
+                cpu=cpu_blocks * block * token, pcie=recalled * block * token + output,
+                device_tokens=device_blocks * block + tail, cpu_ratio=cpu_blocks / selected if selected else 0.0)
+
+
+def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, work: Workload, *,
+              host_overhead_path=None) -> StepEstimate:
+    """The modelled decode step of `mode` (config.mode is ignored: the mode is the argument)."""
+    config = config.replace(mode="scout" if mode == STOCK else mode)
+    offloaded, _ = layer_split(config, spec.num_layers)
+    batch, heads, group = work.batch_size, spec.num_kv_heads, spec.num_qo_heads // spec.num_kv_heads
+    layer_weights = spec.layer_params() * work.itemsize
+    weight_flops = 2 * spec.layer_params() * batch
+    if mode == STOCK and hw.cuda_graphs_for_stock:
+        launches, syncs, counts_source = 0.0, 0.0, "stock SGLang decodes with CUDA graphs"
+    else:
+        counts = host_counts(mode, batch, heads, host_overhead_path)
+        launches, syncs = counts.ops_per_layer + hw.model_launches_per_layer, counts.scalar_reads_per_layer
+        counts_source = f"{counts.how}: {counts.source}"
+    t_launch, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
+    sums = dict.fromkeys(RESOURCES, 0.0)
+    totals = dict(hbm=0.0, cpu=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
+    ratio = 0.0
+    for layer in range(spec.num_layers):
+        # quest keeps every layer on the device but attends its selection outside the dense layers
+        dense = layer in config.dense_layers if mode == "quest" else (mode == STOCK or layer not in offloaded)
+        head = _head_traffic(mode, config, spec, work, dense=dense)
+        attention_bytes = batch * heads * (head["device_kv"] + head["digests"])
+        hbm = layer_weights + attention_bytes
+        flops = weight_flops + batch * heads * group * 4 * spec.head_dim * head["device_tokens"]
+        t_hbm, t_flops = hbm / (hw.hbm_gbs * 1e9), flops / (hw.bf16_tflops * 1e12)
+        t_dev = max(t_hbm, t_flops)
+        t_cpu = batch * heads * head["cpu"] / (hw.cpu_attention_gbs * 1e9)
+        t_pcie = batch * heads * head["pcie"] / (hw.pcie_gbs * 1e9)
+        if mode == "hgca" and not dense:
+            exposed = max(0.0, t_cpu - attention_bytes / (hw.hbm_gbs * 1e9))  # beside the device attention only
+            layer_time = max(t_dev + exposed, t_pcie, t_launch) + t_sync
+            without_host = max(t_dev + exposed, t_pcie)
+        else:
+            layer_time = max(t_dev, t_cpu, t_pcie, t_launch) + t_sync
+            without_host = max(t_dev, t_cpu, t_pcie)
+        for name, value in zip(RESOURCES, (t_hbm, t_flops, t_cpu, t_pcie, t_launch + t_sync)):
+            sums[name] += value
+        totals["hbm"] += hbm
+        totals["cpu"] += batch * heads * head["cpu"]
+        totals["pcie"] += batch * heads * head["pcie"]
+        totals["device"] += t_dev
+        totals["step"] += layer_time
+        totals["without_host"] += without_host
+        ratio = max(ratio, head["cpu_ratio"])
+    head_bytes = spec.head_params() * work.itemsize  # the output projection, once a step
+    t_head = max(head_bytes / (hw.hbm_gbs * 1e9), 2 * spec.head_params() * batch / (hw.bf16_tflops * 1e12))
+    sums["HBM"] += head_bytes / (hw.hbm_gbs * 1e9)
+    totals["device"] += t_head
+    totals["step"] += t_head
+    totals["without_host"] += t_head
+    totals["hbm"] += head_bytes
+    step = totals["step"]
+    return StepEstimate(mode=mode, batch_size=batch, context=work.context, step_ms=step * 1e3,
+                        tokens_per_s=batch / step if step else 0.0, step_ms_without_host=totals["without_host"] * 1e3,
+                        bound=max(sums, key=sums.get),
+                        gpu_idle=max(0.0, 1.0 - totals["device"] / step) if step else 0.0,
+                        gpu_idle_without_host=max(0.0, 1.0 - totals["device"] / totals["without_host"]) if step else 0.0,
+                        cpu_ratio=ratio,
+                        resource_ms={name: value * 1e3 for name, value in sums.items()}, hbm_bytes=totals["hbm"],
+                        cpu_bytes=totals["cpu"], pcie_bytes=totals["pcie"], host_counts_source=counts_source)

@@ -1,0 +1,65 @@
+"""python -m scout_sglang.plan end to end: the table, --json, --plot, and clear errors on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scout_sglang.plan.__main__ import main
+from scout_sglang.plan.figures import HOW
+from scout_sglang.plan.models import bundled_config_path
+
+ARGS = ["--model", "Qwen3-14B", "--gpu", "H100", "--context", "65536", "--output-len", "1024", "--host-mem-gib", "512"]
+
+
+def test_json_has_every_mode_and_labels_every_input(capsys):
+    assert main([*ARGS, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["token_bytes"] == 160 * 1024
+    assert set(report["modes"]) == {"full", "quest", "infinigen", "hgca", "scout"}
+    assert all(figure["how"] in HOW for figure in report["inputs"].values())
+    assert report["inputs"]["hbm_bandwidth"] == {"value": 3350, "unit": "GB/s", "how": "looked up",
+                                                 "source": "H100: NVIDIA H100 SXM5 datasheet, PCIe Gen5 x16"}
+    assert report["inputs"]["host_memory"]["how"] == "given"
+    full, scout = report["modes"]["full"], report["modes"]["scout"]
+    assert scout["capacity"]["max_batch"] > full["capacity"]["max_batch"] >= 1
+    assert report["recommendation"]["token_budget"] in (1024, 2048, 4096)
+
+
+def test_the_table_names_modes_bounds_and_the_recommendation(capsys):
+    assert main([*ARGS, "--budget", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "full (stock)" in out and "bound" in out and "GPU idle" in out and "budget 1024 tokens" in out
+    assert "recommended: SCOUT_CONFIG=default SCOUT_TOKEN_BUDGET=" in out
+    assert "(looked up: H100" in out and "(given: on the command line)" in out
+
+
+def test_a_config_json_and_a_plot(tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    assert main(["--model", str(bundled_config_path()), "--gpu", "rtx-4090", "--context", "4096", "--output-len", "64",
+                 "--scout-config", "tiny", "--dtype", "float32", "--json", "--plot", str(png)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["token_bytes"] == 3 * 2 * 2 * 32 * 4  # layers x (K, V) x KV heads x head dim x fp32
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "Qwen3-14B", "--gpu", "B300"], "unknown GPU 'B300'; known: H100, H200, A100, L40S, RTX4090"),
+    (["--model", "/no/such/config.json"], "neither a preset"),
+    (["--model", "Qwen3-14B", "--context", "0"], "--context must be > 0, got 0"),
+    (["--model", "Qwen3-14B", "--gpu", "custom", "--hbm-gbs", "1000"], "--gpu custom needs --gpu-mem-gib, --pcie-gbs, --tflops"),
+    (["--model", "Qwen3-14B", "--host-mem-gib", "-1"], "--host-mem-gib must be > 0, got -1.0"),
+    (["--model", "Qwen3-14B", "--budget", "1000"], "token_budget (1000) must be a multiple of block_size (32)"),
+    (["--model", "Qwen3-32B", "--gpu", "RTX4090"], "weights (61.0 GiB) do not fit"),
+])
+def test_bad_input_is_refused_with_a_reason(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_runs_as_a_module():
+    completed = subprocess.run([sys.executable, "-P", "-m", "scout_sglang.plan", *ARGS, "--json"],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout)["modes"]["scout"]["step"]["bound"] in ("HBM", "compute", "CPU", "PCIe", "host")

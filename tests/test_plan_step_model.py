@@ -1,0 +1,118 @@
+"""The step-time model against hand-computed steps, and its invariants: what bounds a step follows the
+slowest resource, the CPU part follows the mode and the recall policy."""
+
+import json
+
+import pytest
+
+from scout_sglang.config import ScoutConfig
+from scout_sglang.plan.host_counts import host_counts
+from scout_sglang.plan.models import ModelSpec
+from scout_sglang.plan.step_model import Hardware, Workload, expected_cpu_ratio, step_time
+
+# Two layers, one KV head of 4 dims: a layer's weights are 8*4*2 + 8*4*2 (q, o; k, v) + 3*8*8 + 2*8 = 336.
+SPEC = ModelSpec(name="toy", num_layers=2, num_qo_heads=1, num_kv_heads=1, head_dim=4, hidden_size=8,
+                 intermediate_size=8, vocab_size=16)
+CONFIG = ScoutConfig(block_size=4, token_budget=16, sink_blocks=1, local_blocks=1, dense_layers=(0,))
+HW = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=0.0, sync_us=0.0,
+              model_launches_per_layer=0.0)  # 1 GB/s everywhere: a step's seconds are its bytes / 1e9
+
+
+def test_a_stock_step_by_hand():
+    """Two dense layers read weights and every token's K/V; then the output projection."""
+    work = Workload(batch_size=3, context=100, itemsize=2)
+    step = step_time("full", CONFIG, SPEC, HW, work)
+    layer = 336 * 2 + 3 * 100 * (2 * 4 * 2)  # weights + B x C x (K, V of 4 dims, bf16)
+    head = (16 * 8 + 8) * 2  # output projection and final norm
+    assert step.step_ms == pytest.approx((2 * layer + head) / 1e9 * 1e3)
+    assert step.tokens_per_s == pytest.approx(3 / (step.step_ms / 1e3))
+    assert (step.bound, step.gpu_idle, step.cpu_ratio) == ("HBM", 0.0, 0.0)
+
+
+TOKEN = 2 * 4 * 2  # K and V of one token for the one KV head, bf16
+DENSE_LAYER = 336 * 2 + 100 * TOKEN  # layer 0 at context 100, batch 1
+HEAD = (16 * 8 + 8) * 2  # output projection and final norm
+DIGESTS = 25 * (2 * 4 * 2 + 8)  # 25 blocks: min and max of K, bf16, and an fp32 score written and read
+CPU_OUTPUT = 4 * 4 + 4  # o and lse of the CPU part, fp32, for the one query head
+
+
+@pytest.mark.parametrize("cpu_gbs", [1.0, 0.1])
+def test_an_hgca_step_by_hand(cpu_gbs):
+    """Layer 1 offloaded: 25 full blocks, 4 selected, 2 forced; the 2 others on the CPU beside the device part,
+    which hides it only while it is shorter than the device attention."""
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.0)
+    hw = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=cpu_gbs, bf16_tflops=1e6, launch_us=0.0, sync_us=0.0,
+                  model_launches_per_layer=0.0)
+    step = step_time("hgca", CONFIG, SPEC, hw, work, host_overhead_path="/nonexistent")
+    device_attention = 2 * 4 * TOKEN + 2 * CPU_OUTPUT + DIGESTS  # window (2 blocks), the merge reads o twice
+    cpu = 2 * 4 * TOKEN
+    offloaded = 336 * 2 + device_attention + max(0.0, cpu / cpu_gbs - device_attention)
+    assert step.step_ms == pytest.approx((DENSE_LAYER + offloaded + HEAD) / 1e9 * 1e3)
+    assert step.cpu_bytes == cpu and step.pcie_bytes == CPU_OUTPUT
+    assert step.cpu_ratio == pytest.approx(0.5)
+
+
+def test_a_scout_step_by_hand():
+    """Adaptive recall, beta 0.12, change rate 0.1: the CPU share climbs 0.1, 0.2, then a recall: 0.15 of the 4
+    selected blocks on the CPU; 0.1 of the 2 free blocks recalled over PCIe each step; launched a layer ahead."""
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.1)
+    step = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+    cpu = 0.15 * 4 * 4 * TOKEN
+    pcie = 0.1 * 2 * 4 * TOKEN + CPU_OUTPUT
+    device = 336 * 2 + (4 - 0.6) * 4 * TOKEN + 2 * CPU_OUTPUT + DIGESTS
+    assert step.cpu_bytes == pytest.approx(cpu) and step.pcie_bytes == pytest.approx(pcie)
+    assert step.step_ms == pytest.approx((DENSE_LAYER + max(device, cpu, pcie) + HEAD) / 1e9 * 1e3)
+    assert step.cpu_ratio == pytest.approx(0.15)
+    infinigen = step_time("infinigen", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+    assert infinigen.cpu_bytes == 0 and infinigen.pcie_bytes == pytest.approx(0.1 * 2 * 4 * TOKEN)  # all on device
+
+
+def test_the_cpu_ratio_follows_the_recall_policy():
+    adaptive = ScoutConfig(recall_policy="adaptive", recall_beta=0.12)
+    assert expected_cpu_ratio(adaptive, change_rate=0.05, free_share=1.0, output_len=100) == pytest.approx(0.1)  # 3 steps
+    assert expected_cpu_ratio(adaptive, change_rate=0.2, free_share=1.0, output_len=100) == pytest.approx(0.2)  # each step
+    interval = ScoutConfig(recall_policy="interval", recall_interval=8)
+    assert expected_cpu_ratio(interval, change_rate=0.05, free_share=1.0, output_len=100) == pytest.approx(0.225)
+    off = ScoutConfig(recall_policy="off")
+    assert expected_cpu_ratio(off, change_rate=0.05, free_share=0.9, output_len=100) == pytest.approx(0.9)  # capped
+    assert expected_cpu_ratio(adaptive, change_rate=0.0, free_share=1.0, output_len=100) == 0.0
+
+
+def test_the_bound_is_the_slowest_resource():
+    work = Workload(batch_size=8, context=4096, itemsize=2, change_rate=0.15)
+    slow_cpu = Hardware(hbm_gbs=1000.0, pcie_gbs=1000.0, cpu_attention_gbs=0.01, bf16_tflops=1e3, launch_us=0.0,
+                        sync_us=0.0, model_launches_per_layer=0.0)
+    step = step_time("scout", CONFIG, SPEC, slow_cpu, work, host_overhead_path="/nonexistent")
+    assert step.bound == "CPU" and step.gpu_idle > 0.9
+    slow_pcie = Hardware(hbm_gbs=1000.0, pcie_gbs=0.01, cpu_attention_gbs=1000.0, bf16_tflops=1e3, launch_us=0.0,
+                         sync_us=0.0, model_launches_per_layer=0.0)
+    assert step_time("scout", CONFIG, SPEC, slow_pcie, work, host_overhead_path="/nonexistent").bound == "PCIe"
+    slow_host = Hardware(hbm_gbs=1000.0, pcie_gbs=1000.0, cpu_attention_gbs=1000.0, bf16_tflops=1e3, launch_us=100.0,
+                         sync_us=0.0, model_launches_per_layer=0.0)
+    hosted = step_time("scout", CONFIG, SPEC, slow_host, work, host_overhead_path="/nonexistent")
+    assert hosted.bound == "host" and hosted.step_ms_without_host < hosted.step_ms
+    quest = step_time("quest", CONFIG, SPEC, slow_cpu, work, host_overhead_path="/nonexistent")
+    assert quest.cpu_bytes == 0 and quest.pcie_bytes == 0  # quest never leaves the device
+
+
+def test_scout_reads_less_device_kv_than_full_and_moves_its_rest_to_the_cpu():
+    work = Workload(batch_size=4, context=4096, itemsize=2, change_rate=0.15)
+    full = step_time("full", CONFIG, SPEC, HW, work)
+    scout = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+    dense_layer = 336 * 2 + 4 * 4096 * 16  # layer 0 stays dense
+    assert scout.hbm_bytes - dense_layer < (full.hbm_bytes - dense_layer) / 2 and scout.cpu_bytes > 0
+    assert 0 < scout.cpu_ratio <= 1 - 2 / 4  # at most the non-forced share of 4 selected blocks
+
+
+def test_host_counts_come_from_the_file_interpolated_in_the_batch(tmp_path):
+    rows = [{"mode": "scout", "variant": "steady", "batch": b, "num_kv_heads": h, "ops_per_layer": 100.0 * b + h,
+             "scalar_reads_per_layer": 2.0 * b} for b in (1, 8) for h in (1, 8)]
+    rows.append({"mode": "scout", "variant": "recall", "batch": 4, "num_kv_heads": 8, "ops_per_layer": 1e9,
+                 "scalar_reads_per_layer": 1e9})
+    path = tmp_path / "host_overhead.json"
+    path.write_text(json.dumps({"rows": rows}))
+    counts = host_counts("scout", 4, 8, path)
+    assert (counts.ops_per_layer, counts.scalar_reads_per_layer, counts.how) == (408.0, 8.0, "measured")
+    assert host_counts("scout", 16, 2, path).ops_per_layer == 1601.0  # nearest heads (1), extended past batch 8
+    assert host_counts("hgca", 4, 8, path).how == "assumed"
+    assert host_counts("scout", 4, 8, tmp_path / "missing.json").how == "assumed"

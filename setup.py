@@ -1,4 +1,4 @@
-"""Package discovery for the folder-to-package mapping (DESIGN.md section 4).
+"""Package discovery for the folder-to-package mapping (README, Layout).
 
 `kernels/`, `cpu_worker/` and `configs/` sit at the repository root but install
 as `scout_sglang.kernels`, `scout_sglang.cpu_worker` and `scout_sglang.configs`: a top-level `kernels`

@@ -13,7 +13,7 @@ decoded together comes from the servers' decode log lines.
 
 Writes benchmarks/results/capacity.{json,md,png}:
 
-    python -P benchmarks/bench_capacity.py                 # CPU default: 36 layers, budget 4096, 9 x 4032-token requests
+    python -P benchmarks/bench_capacity.py                 # CPU default: 36 layers, budget 4096, 9 x (3900 + 128)-token requests
     python -P benchmarks/bench_capacity.py --device cuda --model-path DIR --input-len 32000 ...
 """
 
@@ -215,8 +215,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-layers", type=int, default=36,
                         help="layers of the built tiny Llama: Qwen3-8B's 36 by default, so that a dense layer weighs "
                              "in the device bytes what it weighs there")
-    parser.add_argument("--input-len", type=int, default=4000, help="each request fits the stock pool alone")
-    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=3900, help="each request fits the stock pool alone")
+    parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=9)
     parser.add_argument("--scout-config", default="tiny")
     parser.add_argument("--timeout", type=int, default=1800)

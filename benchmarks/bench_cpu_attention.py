@@ -8,8 +8,7 @@ cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
 show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
 a large buffer, one chunk per thread), native with N groups of 1 thread and 1
 group of N threads, torch path with N groups. Every figure is the best of
-several rounds, taken interleaved (the host is shared and noisy; DESIGN.md
-section 8). No asserts. Progress goes to stderr; the last stdout line is one
+several rounds, taken interleaved (the host is shared and noisy). No asserts. Progress goes to stderr; the last stdout line is one
 JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
 {md,json,png}, keeping the results of other CPU models (and ISA paths) in the
 same files: one entry per CPU model, this run replacing its own.

@@ -93,7 +93,7 @@ class ThreadGroup:
                 os.sched_setaffinity(0, {core})  # 0 = the calling thread on Linux
             if self._kernel.name == "torch":
                 # torch ops inside a task must not fan out to torch's own pool:
-                # the pool's threads are the parallelism (DESIGN.md section 7).
+                # the pool's threads are the parallelism.
                 torch.set_num_threads(1)
             scratch = self._kernel.new_scratch()
         except Exception as exc:  # noqa: BLE001 - reported to the constructor

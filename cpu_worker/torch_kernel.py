@@ -1,6 +1,6 @@
 """The torch path of the CPU part: gather the listed blocks, then torch's flash kernel.
 
-Serves where the native kernel cannot be built (DESIGN.md section 7): the
+Serves where the native kernel cannot be built: the
 blocks of each KV head are gathered into a per-thread preallocated buffer
 (index_select with out=), and the G query heads of a KV head are folded into
 the query-length axis (q [1, Hkv, G, D]), which torch's CPU flash attention

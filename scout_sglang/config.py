@@ -17,7 +17,7 @@ CPU_IMPLS = ("auto", "native", "torch")
 
 @dataclass(frozen=True)
 class ScoutConfig:
-    """How the co-attention engine decodes (DESIGN.md section 2).
+    """How the co-attention engine decodes (README: the engine, configuration).
 
     The token budget covers everything a query attends to per layer and KV
     head: sink, local window and the selected blocks. `topk_blocks` derives

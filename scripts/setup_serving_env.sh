@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs a real SGLang 0.5.23 CPU server into the project's virtual environment
-# (DESIGN.md section 6): sglang and the packages its CPU server path imports,
+# sglang and the packages its CPU server path imports,
 # without letting pip replace the CPU torch (constraints.txt). On a machine
 # without an NVIDIA GPU it also installs the test-only stand-ins of cpu_serving/
 # (a pure-torch sgl_kernel and the torchvision op schemas); a GPU deployment

@@ -12,7 +12,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_SGLANG = importlib.util.find_spec("sglang") is not None
 
 # One tolerance per dtype, for outputs compared against the fp32 references
-# started from the same rounded inputs (STYLE.md: one table, here).
+# started from the same rounded inputs (one table, here).
 TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=2e-5),
     torch.float16: dict(atol=2e-3, rtol=2e-3),

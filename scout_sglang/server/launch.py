@@ -2,8 +2,8 @@
 on a free loopback port, and stop it with its whole process group.
 
 On the CPU it adds `--device cpu --sleep-on-idle` and SGLANG_USE_CPU_ENGINE=1
-(DESIGN.md section 6); on CUDA it turns decode CUDA graphs off, which the scout
-backend needs for now."""
+(SGLang's CPU server path); on CUDA it adds nothing: decode CUDA graphs stay on
+(the scout backend asks SGLang for breakable ones)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The scout KV pool: SGLang's scheduler sees a logical token capacity held in host memory.
 
 SGLang learns its KV capacity only from the configure step of its KV cache
-configurator (DESIGN.md section 3). An AROUND hook on it (installed by
+configurator. An AROUND hook on it (installed by
 plugin.py) lets SGLang build its pools for a placeholder capacity, then hands
 the scheduler an allocator over the logical capacity L: admission, waiting,
 retraction and the "input too long" rejection all follow L, while the device

@@ -74,7 +74,7 @@ class CpuHandoff:
         self._in_flight: dict[int, tuple[object, float]] = {}  # layer -> (handle, submit time)
         self._late: dict[int, object] = {}  # layer -> handle of a task collected before it finished
         self.replaced_buffer_sets = 0  # fresh sets taken because a late task still used the old one
-        self._last_log, self._unlogged = float("-inf"), 0
+        self._last_log, self._unlogged = float("-inf"), {}  # cause -> fallbacks not logged yet
 
     def _allocate(self, layer: int) -> None:
         pin = self.device.type == "cuda"
@@ -146,11 +146,12 @@ class CpuHandoff:
                 pass
 
     def _log_fallback(self, layer: int, cause: str, detail) -> None:
-        """A warning at most every LOG_INTERVAL_S, counting the fallbacks in between."""
-        self._unlogged += 1
+        """A warning at most every LOG_INTERVAL_S, with the fallbacks by cause since the previous one."""
+        self._unlogged[cause] = self._unlogged.get(cause, 0) + 1
         now = time.monotonic()
         if now - self._last_log < LOG_INTERVAL_S:
             return
-        logger.warning("scout: the CPU part of layer %d was computed by the layer itself (%s: %s); %d such "
-                       "fallback(s) since the last message", layer, cause, detail, self._unlogged)
-        self._last_log, self._unlogged = now, 0
+        counts = ", ".join(f"{name} {count}" for name, count in sorted(self._unlogged.items()))
+        logger.warning("scout: the CPU part of layer %d was computed by the layer itself (%s: %s); fallbacks since "
+                       "the last message: %s", layer, cause, detail, counts)
+        self._last_log, self._unlogged = now, {}

@@ -19,7 +19,8 @@ def test_a_bad_deadline_is_refused_by_name(text):
 
 
 def test_the_new_variables_are_not_taken_for_unknown_config_fields():
-    config_from_env({"SCOUT_CPU_DEADLINE_MS": "100", "SCOUT_TEST_FAULTS": "cpu_raise:1", "SCOUT_TEST_FAULTS_ALLOW": "1"})
+    config_from_env({"SCOUT_CPU_DEADLINE_MS": "100", "SCOUT_TEST_FAULTS": "cpu_raise:1",
+                     "SCOUT_TEST_FAULTS_ALLOW": "1"})
 
 
 def test_faults_are_off_by_default_and_parsed_under_pytest():

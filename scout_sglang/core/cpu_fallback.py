@@ -56,7 +56,8 @@ def attend_listed_host_blocks(q: torch.Tensor, host_k: torch.Tensor, host_v: tor
 
 
 def _gather_listed_rows(host_k, host_v, pages, *, device):
-    """Copy the listed (page, head) rows to a scratch store on `device` -> (k [B*C, Hkv, S, D], v, table [B, Hkv, C])."""
+    """Copy the listed (page, head) rows to a scratch store on `device`
+    -> (k [B*C, Hkv, S, D], v [B*C, Hkv, S, D], table [B, Hkv, C] int32)."""
     num_pages, num_kv_heads, block_size, head_dim = host_k.shape
     batch_size, _, capacity = pages.shape
     head = torch.arange(num_kv_heads, device=device).view(1, num_kv_heads, 1)

@@ -149,8 +149,8 @@ class CoAttentionEngine:
         if config.mode in CPU_MODES:
             self._handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
                                        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool, device=self.device,
-                                       deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl)
+                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool,
+                                       device=self.device, deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl)
         self._offloaded_index = {layer: i for i, layer in enumerate(self.offloaded_layers)}
         self._selects = [l for l in self.offloaded_layers] + (
             [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])

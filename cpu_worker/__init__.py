@@ -11,6 +11,7 @@ digest -> select -> device part / CPU part (this package) -> merge. Module map:
     torch_kernel.py  gather + torch flash attention fallback
     buffers.py       alloc_output_buffers (pinned when CUDA is present)
     errors.py        CpuAttentionError
+    faults.py        FaultPlan: test-only faults injected into the worker threads
 
 Importing this package starts no threads and compiles nothing.
 """

@@ -24,6 +24,7 @@ from scout_sglang.cpu_worker.checks import check_block_lists
 from scout_sglang.cpu_worker.partition import WorkItem, merge_partials, plan_work
 
 if TYPE_CHECKING:
+    from scout_sglang.cpu_worker.faults import FaultInjector
     from scout_sglang.cpu_worker.native_kernel import NativeKernel
     from scout_sglang.cpu_worker.pool import CpuAttentionHandle
     from scout_sglang.cpu_worker.torch_kernel import TorchKernel
@@ -48,6 +49,8 @@ class ThreadGroup:
         One CPU per thread to pin to, or None.
     started : queue.SimpleQueue
         Each thread puts None (ready) or the exception that stopped its set-up.
+    faults : FaultInjector or None
+        Test-only faults drawn before each queue entry's work (faults.py); None: none.
     """
 
     def __init__(
@@ -58,8 +61,10 @@ class ThreadGroup:
         tasks: queue.SimpleQueue,
         cores: list[int] | None,
         started: queue.SimpleQueue,
+        faults: FaultInjector | None = None,
     ):
         self._kernel = kernel
+        self._faults = faults
         self._tasks = tasks
         self._started = started
         self._inboxes = [queue.SimpleQueue() for _ in range(num_threads - 1)]
@@ -111,6 +116,8 @@ class ThreadGroup:
                     self._run_part(handle, index, scratch)
                     continue
                 try:
+                    if self._faults is not None:
+                        self._faults.before_work(handle.layer)
                     self._run_task(handle, index, scratch)
                 except Exception as exc:  # noqa: BLE001 - surfaced by wait()
                     handle._task_done(index, exc)
@@ -139,6 +146,8 @@ class ThreadGroup:
         try:
             if handle.ready is not None:
                 handle.ready.synchronize()
+            if self._faults is not None:
+                self._faults.before_work(handle.layer)
             check_block_lists(handle.block_table, handle.counts, num_pages=handle.k_cache.shape[0])
         except Exception as exc:  # noqa: BLE001 - every sequence of the part fails with it
             for batch_index in batch:

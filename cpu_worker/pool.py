@@ -20,6 +20,7 @@ import torch
 from scout_sglang.cpu_worker.checks import check_decode_args
 from scout_sglang.cpu_worker.dispatch import make_kernel, select_impl
 from scout_sglang.cpu_worker.errors import CpuAttentionError
+from scout_sglang.cpu_worker.faults import FaultInjector, FaultPlan
 from scout_sglang.cpu_worker.group import STOP, ThreadGroup
 
 
@@ -96,6 +97,8 @@ class CpuAttentionPool:
         thread 0, group 0 thread 1, ...
     impl : {"auto", "native", "torch"}
         Kernel; "auto" prefers the native one (dispatch.select_impl).
+    faults : FaultPlan or None
+        Tests only: faults the worker threads inject into their own work (faults.py).
 
     Submitting from several threads at once is safe. Use as a context manager
     or call shutdown(), which finishes queued tasks and joins every thread.
@@ -108,6 +111,7 @@ class CpuAttentionPool:
         *,
         pin_cores: str | Sequence[int] | None = None,
         impl: str = "auto",
+        faults: FaultPlan | None = None,
     ):
         for name, value in (("num_groups", num_groups), ("threads_per_group", threads_per_group)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -123,6 +127,7 @@ class CpuAttentionPool:
         self._lock = threading.Lock()
         self._closed = False
         started: queue.SimpleQueue = queue.SimpleQueue()
+        injector = FaultInjector(faults) if faults is not None else None
         self._groups = [
             ThreadGroup(
                 g,
@@ -131,6 +136,7 @@ class CpuAttentionPool:
                 self._tasks,
                 None if cores is None else cores[g * threads_per_group : (g + 1) * threads_per_group],
                 started,
+                injector,
             )
             for g in range(num_groups)
         ]

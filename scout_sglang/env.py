@@ -5,8 +5,9 @@ extension) or a path to a YAML file; SCOUT_<FIELD> overrides one field of
 ScoutConfig (SCOUT_TOKEN_BUDGET=1024, SCOUT_DENSE_LAYERS=0,1, SCOUT_KERNEL_IMPL=none).
 The others (OTHER_VARIABLES) are read here too, by the part that uses them:
 SCOUT_KV_POOL and SCOUT_HOST_KV_GIB (the server's KV pool), SCOUT_NATIVE_BUILD_DIR
-(where the native CPU kernel is built) and SCOUT_LOG_LEVEL (the level of the
-`scout_sglang` loggers).
+(where the native CPU kernel is built), SCOUT_LOG_LEVEL (the level of the
+`scout_sglang` loggers), SCOUT_CPU_DEADLINE_MS (when a layer stops waiting for its
+CPU part) and, for tests only, SCOUT_TEST_FAULTS with SCOUT_TEST_FAULTS_ALLOW.
 Unknown SCOUT_* names and unparsable values are errors that name the variable
 and what it accepts: a typo must stop the server, not be ignored.
 """
@@ -30,7 +31,8 @@ CHOICES = {"mode": MODES, "recall_policy": RECALL_POLICIES, "cpu_impl": CPU_IMPL
 FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ScoutConfig) if f.name != "extra"}
 # Variables of this prefix that belong to other parts of the project, not to ScoutConfig.
 OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL", "SCOUT_KV_POOL",
-                             "SCOUT_HOST_KV_GIB"})
+                             "SCOUT_HOST_KV_GIB", "SCOUT_CPU_DEADLINE_MS", "SCOUT_TEST_FAULTS",
+                             "SCOUT_TEST_FAULTS_ALLOW"})
 KV_POOLS = ("scout", "stock")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -180,6 +182,48 @@ def log_level(environ: Mapping[str, str] | None = None) -> int | None:
     if text.upper() not in LOG_LEVELS:
         raise ValueError(f"SCOUT_LOG_LEVEL={text!r} is not accepted; accepted values: {', '.join(LOG_LEVELS)}")
     return getattr(logging, text.upper())
+
+
+# A layer's CPU part at the default preset reads at most 64 requests x 8 KV heads x 64 blocks of 32 tokens
+# x 128 dims of bf16 K and V (512 MiB): ~80 ms at the 7 GB/s the native kernel reaches on a 2-core host
+# (benchmarks/results/cpu_attention.md). The default deadline is ten times that: a task later than this
+# is stuck or starved, and the layer computing the part itself costs less than waiting on.
+DEFAULT_CPU_DEADLINE_MS = 1000.0
+
+
+def cpu_deadline_ms(environ: Mapping[str, str] | None = None) -> float:
+    """SCOUT_CPU_DEADLINE_MS: milliseconds after its submit that a layer waits for its CPU part before
+    computing it itself from the host store (default DEFAULT_CPU_DEADLINE_MS)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_CPU_DEADLINE_MS", "").strip()
+    if not text:
+        return DEFAULT_CPU_DEADLINE_MS
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"SCOUT_CPU_DEADLINE_MS={text!r} is not a number of milliseconds") from None
+    if not value > 0:
+        raise ValueError(f"SCOUT_CPU_DEADLINE_MS={text!r} must be positive")
+    return value
+
+
+def injected_faults(environ: Mapping[str, str] | None = None):
+    """SCOUT_TEST_FAULTS (tests only): faults the CPU worker threads inject into their own work, e.g.
+    `cpu_raise:0.1,cpu_delay_ms:300,cpu_delay:0.1,seed:1` (cpu_worker/faults.py) -> FaultPlan, or None
+    when unset. Refused unless running under pytest (PYTEST_CURRENT_TEST is set) or SCOUT_TEST_FAULTS_ALLOW=1."""
+    from scout_sglang.cpu_worker.faults import FaultPlan
+
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_TEST_FAULTS", "").strip()
+    if not text:
+        return None
+    if "PYTEST_CURRENT_TEST" not in environ and environ.get("SCOUT_TEST_FAULTS_ALLOW", "").strip() != "1":
+        raise ValueError(f"SCOUT_TEST_FAULTS={text!r} is for tests: it is refused outside pytest unless "
+                         "SCOUT_TEST_FAULTS_ALLOW=1 is set as well")
+    try:
+        return FaultPlan.parse(text)
+    except ValueError as error:
+        raise ValueError(f"SCOUT_TEST_FAULTS={text!r} is not accepted: {error}") from None
 
 
 def triton_interpreter_enabled() -> bool:

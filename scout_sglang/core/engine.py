@@ -43,6 +43,7 @@ from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
 from scout_sglang.core.timing import SectionTimer
 from scout_sglang.core.trace import DecisionTrace, LayerDecision, full_layer_decision, offloaded_layer_decision
+from scout_sglang.env import DEFAULT_CPU_DEADLINE_MS
 from scout_sglang.layout import PAD_BLOCK
 
 RESIDENT_MODES = ("scout", "infinigen")
@@ -103,11 +104,15 @@ class CoAttentionEngine:
     trace : record every decision in `self.trace` (a DecisionTrace) for tests; off costs nothing
     fixed_widths : page tables of a step at their full capacity (what a CUDA graph captures) instead of
         the next power of two of the batch's longest request; default: on for CUDA
+    cpu_deadline_ms : how long after its submit a layer waits for its CPU part before computing it itself
+        (exactly, from the host store: cpu_handoff.py); the server passes SCOUT_CPU_DEADLINE_MS
+    cpu_faults : a cpu_worker.faults.FaultPlan for the pool this engine creates (tests only; None: no faults)
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
-                 cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None):
+                 cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
+                 cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -135,19 +140,20 @@ class CoAttentionEngine:
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self._own_pool = cpu_pool is None and config.mode in CPU_MODES
-        self.cpu_pool = self._make_pool() if self._own_pool else cpu_pool
+        self.cpu_pool = self._make_pool(cpu_faults) if self._own_pool else cpu_pool
+        # The device part's kernel reads its block counts on the device (Triton on CUDA): FlashInfer's
+        # decode wrapper plans from host-side lengths, which per-layer, per-head lists would need each layer.
+        self._decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
         self._handoff = None
         if config.mode in CPU_MODES:
             self._handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
                                        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool, device=self.device)
+                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool,
+                                       device=self.device, deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl)
         self._offloaded_index = {layer: i for i, layer in enumerate(self.offloaded_layers)}
         self._selects = [l for l in self.offloaded_layers] + (
             [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])
         self._recall_capacity = config.recall_capacity(shape.num_kv_heads, max_requests)
-        # The device part's kernel reads its block counts on the device (Triton on CUDA): FlashInfer's
-        # decode wrapper plans from host-side lengths, which per-layer, per-head lists would need each layer.
-        self._decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
         self._counters = torch.zeros(shape.num_layers, len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
         self._previous = {layer: torch.full((max_requests, shape.num_kv_heads, config.topk_blocks), PAD_BLOCK,
                                             dtype=torch.int32, device=self.device)
@@ -165,12 +171,13 @@ class CoAttentionEngine:
         self._timer = SectionTimer(self.device)
         self.trace: DecisionTrace | None = DecisionTrace() if trace else None
 
-    def _make_pool(self):
+    def _make_pool(self, faults):
         from scout_sglang.cpu_worker import CpuAttentionPool
 
         groups = self.config.cpu_groups or max(1, len(os.sched_getaffinity(0)) // self.config.cpu_threads_per_group)
         return CpuAttentionPool(groups, self.config.cpu_threads_per_group,
-                                pin_cores="auto" if self.config.cpu_pin_cores else None, impl=self.config.cpu_impl)
+                                pin_cores="auto" if self.config.cpu_pin_cores else None, impl=self.config.cpu_impl,
+                                faults=faults)
 
     def close(self) -> None:
         if self._handoff is not None:
@@ -385,11 +392,13 @@ class CoAttentionEngine:
             o, lse = self._run_device_part(layer, q, k_new, v_new, selection.selected)
         traced = self._trace_offloaded(layer, selection) if self.trace is not None else None
         if selection.launched:
-            cpu_o, cpu_lse, waited = self._handoff.collect(layer)
-            self.telemetry.layer(layer).cpu_wait_s += waited
-            self.telemetry.add_time("cpu_wait", waited)
+            cpu = self._handoff.collect(layer)  # a failed or late task: computed here, exactly
+            self.telemetry.layer(layer).cpu_wait_s += cpu.waited_s
+            self.telemetry.add_time("cpu_wait", cpu.waited_s)
+            if cpu.fallback is not None:
+                self.telemetry.count_fallback(cpu.fallback)
             with self._timer.section(self.telemetry, "merge"):
-                o = self._run_merge(o, lse, cpu_o, cpu_lse)
+                o = self._run_merge(o, lse, cpu.o, cpu.lse)
         if self.config.mode == "scout" and self.config.recall_policy != "off" and self.offloaded.resident_blocks:
             self._issue_copies(layer, self._run_recall(layer, selection.selected, selection.counts, selection.scores,
                                                        selection.cpu_blocks, selection.cpu_counts))

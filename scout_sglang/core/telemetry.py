@@ -43,9 +43,13 @@ class StepTelemetry:
     batch_size: int
     layers: dict[int, LayerStats] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # device_attention, cpu_attention, cpu_wait, merge, recall, select
+    cpu_fallbacks: dict[str, int] = field(default_factory=dict)  # cause -> layers whose CPU part the layer computed
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())
+
+    def count_fallback(self, cause: str) -> None:
+        self.cpu_fallbacks[cause] = self.cpu_fallbacks.get(cause, 0) + 1
 
     def add_time(self, key: str, seconds: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + seconds
@@ -69,5 +73,6 @@ class StepTelemetry:
             "recalled_blocks": total.recalled_blocks,
             "recall_bytes": total.recall_bytes,
             "cpu_wait_ms": round(1e3 * total.cpu_wait_s, 3),
+            "cpu_fallbacks": dict(sorted(self.cpu_fallbacks.items())),
             **{f"{k}_ms": round(1e3 * v, 3) for k, v in sorted(self.timings.items())},
         }

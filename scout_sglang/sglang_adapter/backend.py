@@ -22,7 +22,7 @@ import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.env import config_from_env, pool_settings_from_env
+from scout_sglang.env import config_from_env, cpu_deadline_ms, injected_faults, pool_settings_from_env
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
 from scout_sglang.sglang_adapter.graph_breaks import (
@@ -122,9 +122,13 @@ class ScoutAttnBackend:
             check_engine_memory(plan_engine(pool, logical_tokens, max_requests, self.config), self.device,
                                 logical_tokens)
         context = min(model_runner.model_config.context_len, logical_tokens)
+        faults = injected_faults()
+        if faults is not None:
+            logger.warning("scout: SCOUT_TEST_FAULTS injects faults into the CPU attention worker: %s", faults)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
-                                        total_pages=total_pages, track_changes=False)
+                                        total_pages=total_pages, track_changes=False,
+                                        cpu_deadline_ms=cpu_deadline_ms(), cpu_faults=faults)
         self.last_telemetry = None
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}

@@ -3,7 +3,9 @@
 With --enable-metrics, SGLang serves /metrics from the HTTP process and
 collects the other processes' metrics through prometheus_client's
 multiprocess directory; gauges made here, in the scheduler process, appear
-there as scout_* next to sglang:*.
+there as scout_* next to sglang:*. `scout_cpu_fallbacks_total{cause}` is a
+counter: the layers whose CPU part was computed by the layer itself, because
+the CPU task raised ("error") or missed its deadline ("deadline").
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ GAUGES = {
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
 }
+# Counters by label: name -> (help, label, path in the report to a {label value: running total} dict).
+COUNTERS = {
+    "scout_cpu_fallbacks": ("layers whose CPU part the layer computed itself, by cause (error, deadline)", "cause",
+                            ("cpu_fallbacks",)),
+}
 
-
-_GAUGES: dict = {}  # one set per process: prometheus refuses a second gauge of the same name
+_GAUGES: dict = {}  # one set per process: prometheus refuses a second metric of the same name
 
 
 class ScoutMetrics:
     def __init__(self, gauges: dict):
         self.gauges = gauges
+        self._counted: dict[tuple[str, str], float] = {}  # (counter, label value) -> total already added
 
     @classmethod
     def create(cls, server_args) -> "ScoutMetrics | None":
@@ -43,13 +50,30 @@ class ScoutMetrics:
         from prometheus_client import Gauge
 
         if not _GAUGES:
+            from prometheus_client import Counter
+
             _GAUGES.update({name: Gauge(name, text, multiprocess_mode="mostrecent") for name, (text, _) in GAUGES.items()})
+            # prometheus_client exposes a Counter named X as X_total
+            _GAUGES.update({name: Counter(name, text, (label,)) for name, (text, label, _) in COUNTERS.items()})
         return cls(_GAUGES)
 
     def update(self, report: dict) -> None:
         for name, (_, path) in GAUGES.items():
-            value = report
-            for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
+            value = _lookup(report, path)
             if value is not None:
                 self.gauges[name].set(value)
+        for name, (_, _, path) in COUNTERS.items():
+            totals = _lookup(report, path) or {}
+            for label, total in totals.items():
+                added = self._counted.get((name, label), 0)
+                child = self.gauges[name].labels(label)  # served from the first update, at 0
+                if total > added:  # the report holds running totals; a counter takes increments
+                    child.inc(total - added)
+                    self._counted[(name, label)] = total
+
+
+def _lookup(report: dict, path: tuple):
+    value = report
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value

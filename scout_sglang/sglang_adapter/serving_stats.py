@@ -2,13 +2,16 @@
 
 The backend adds every step's telemetry; `report()` is what the server exposes
 (under "scout" in each entry of `/server_info`'s "internal_states") and what
-the main job prints: CPU compute ratio, recalls, CPU wait, predicted-query
-cosine, and the engine's current page usage.
+the main job prints: CPU compute ratio, recalls, CPU wait, CPU parts the layers
+computed themselves (by cause), predicted-query cosine, and the engine's current
+page usage.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from scout_sglang.core.cpu_handoff import FALLBACK_CAUSES
 
 COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes")
 
@@ -27,6 +30,7 @@ class ServingStats:
     admitted_requests: int = 0
     released_requests: int = 0
     max_batch_size: int = 0  # most requests decoded together in one step
+    cpu_fallbacks: dict = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))  # cause -> layers
 
     def add_step(self, telemetry) -> None:
         self.decode_steps += 1
@@ -41,6 +45,8 @@ class ServingStats:
                 self.layers_launched_ahead += int(stats.cpu_launched_ahead)
         for key, seconds in telemetry.timings.items():
             self.timings[key] = self.timings.get(key, 0.0) + seconds
+        for cause, count in telemetry.cpu_fallbacks.items():
+            self.cpu_fallbacks[cause] = self.cpu_fallbacks.get(cause, 0) + count
 
     def add_cosines(self, values) -> None:
         self.cosine_sum += float(values.sum())
@@ -59,6 +65,7 @@ class ServingStats:
             "recalled_blocks": self.counters["recalled_blocks"],
             "recall_mib": round(self.counters["recall_bytes"] / 2**20, 3),
             "cpu_wait_ms": round(1e3 * self.cpu_wait_s, 3),
+            "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
                                             if self.layers_with_cpu_work else 0.0),
             "predicted_query_cosine": round(self.cosine_sum / self.cosine_count, 6) if self.cosine_count else None,

@@ -1,0 +1,80 @@
+"""Test-only faults injected into the CPU attention worker's own threads.
+
+The CPU part of co-attention must never cost a token or the server: a task
+that raises or comes late is computed by the layer itself (core/cpu_handoff.py).
+To test that against the real threads, a FaultPlan (from SCOUT_TEST_FAULTS, read
+in scout_sglang/env.py, refused outside a test run) makes a worker raise or
+sleep before a queue entry's work: one part of a submit_batch, or one task of a
+submit. Off (None) by default; nothing here runs in production.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+FAULT_KEYS = ("cpu_raise", "cpu_delay", "cpu_delay_ms", "seed")
+
+
+class InjectedFault(RuntimeError):
+    """The exception a FaultPlan makes a worker raise."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """What to inject, per queue entry a worker takes.
+
+    raise_probability : cpu_raise, chance that the entry raises InjectedFault
+    delay_probability : cpu_delay, chance that the entry first sleeps delay_ms (default 1 when
+        cpu_delay_ms is given: every entry)
+    delay_ms : cpu_delay_ms, the sleep
+    seed : the draws' seed (one generator per pool, shared by its threads)
+    """
+
+    raise_probability: float = 0.0
+    delay_probability: float = 0.0
+    delay_ms: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("raise_probability", "delay_probability"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0, got {self.delay_ms}")
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """'cpu_raise:0.1,cpu_delay_ms:200,cpu_delay:0.5,seed:1' -> FaultPlan (unknown keys are errors)."""
+        values = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, _, value = item.partition(":")
+            if key not in FAULT_KEYS or not value:
+                raise ValueError(f"fault {item!r} is not key:value with a key among {', '.join(FAULT_KEYS)}")
+            values[key] = int(value) if key == "seed" else float(value)
+        delay_ms = values.get("cpu_delay_ms", 0.0)
+        return cls(raise_probability=values.get("cpu_raise", 0.0),
+                   delay_probability=values.get("cpu_delay", 1.0 if delay_ms else 0.0),
+                   delay_ms=delay_ms, seed=values.get("seed", 0))
+
+
+class FaultInjector:
+    """Draws a FaultPlan's faults; called by worker threads (thread-safe)."""
+
+    def __init__(self, plan: FaultPlan):
+        self.plan = plan
+        self._random = random.Random(plan.seed)
+        self._lock = threading.Lock()
+
+    def before_work(self, layer: int) -> None:
+        """Maybe sleep, then maybe raise InjectedFault; draws in a fixed order per call."""
+        with self._lock:
+            delay = self._random.random() < self.plan.delay_probability
+            fail = self._random.random() < self.plan.raise_probability
+        if delay:
+            time.sleep(self.plan.delay_ms / 1e3)
+        if fail:
+            raise InjectedFault(f"injected CPU attention fault (layer {layer}; SCOUT_TEST_FAULTS)")

@@ -19,21 +19,17 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.op_counter import OpCounter
 from scout_sglang.core.shape import ModelShape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NUM_LAYERS, NUM_QO_HEADS, HEAD_DIM, CONTEXT, BUDGET, BLOCK = 4, 8, 16, 2048, 512, 32
-SCALAR_READ = "aten._local_scalar_dense.default"
-VIEW_OPS = ("view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "permute", "transpose", "t", "alias",
-            "as_strided", "squeeze", "reshape", "detach")
 TARGETS = dict(ops_spread=0.05, scalar_reads=0, time_ratio_b64_b1=1.5)  # from the issue that asked for this bench
 # A projection, not a measurement: what the counted work would cost as CUDA launches.
 LAUNCH_US, SYNC_US = 5.0, 20.0
@@ -42,22 +38,6 @@ PROJECTION = dict(model="Qwen3-14B", layers=40, batch=40)
 
 def log(message: str) -> None:
     print(f"[bench_host_overhead] {message}", file=sys.stderr, flush=True)
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every aten op dispatched on this thread while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-    def launches(self) -> int:
-        """Ops that launch a kernel on a GPU: all but views (metadata only)."""
-        return sum(n for name, n in self.ops.items() if name.split(".")[1] not in VIEW_OPS)
 
 
 def build(mode: str, batch: int, num_kv_heads: int, variant: str) -> tuple[CoAttentionEngine, ModelShape]:
@@ -121,7 +101,7 @@ def measure(mode, batch, num_kv_heads, variant, repeats) -> dict:
     return dict(mode=mode, batch=batch, num_kv_heads=num_kv_heads, variant=variant,
                 ops_per_layer=round(ops / NUM_LAYERS, 1),
                 launches_per_layer=round(counter.launches() / NUM_LAYERS, 1),
-                scalar_reads_per_layer=round(counter.ops[SCALAR_READ] / NUM_LAYERS, 1),
+                scalar_reads_per_layer=round(counter.scalar_reads / NUM_LAYERS, 1),
                 host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
                 top_ops=counter.ops.most_common(5))
 

@@ -10,38 +10,16 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.op_counter import OpCounter
 from scout_sglang.core.shape import ModelShape
 
 BLOCK, HEAD_DIM, LAYERS = 8, 8, 3
 PROGRAMS = ("_run_full", "_run_front", "_run_device_part", "_run_merge", "_run_recall")
-SCALAR_READ = "aten._local_scalar_dense.default"
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-    def launches(self) -> int:
-        """Ops that would launch a kernel: every op but views (metadata only, no launch)."""
-        return sum(n for name, n in self.ops.items() if not is_view(name))
-
-
-def is_view(name: str) -> bool:
-    return name.split(".")[1] in ("view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "permute",
-                                  "transpose", "t", "alias", "as_strided", "squeeze", "reshape", "detach")
 
 
 def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", fixed_widths=True):
@@ -95,7 +73,7 @@ def test_ops_per_layer_do_not_grow_with_the_batch_or_the_heads_and_nothing_is_re
         finally:
             engine.close()
         for counter in steps:
-            assert counter.ops[SCALAR_READ] == 0, f"{mode}: a device value read back inside the layer loop"
+            assert counter.scalar_reads == 0, f"{mode}: a device value read back inside the layer loop"
         counts[(batch, num_kv_heads)] = [counter.launches() for counter in steps]
     assert counts[(1, 1)] == counts[(5, 1)] == counts[(5, 4)], f"{mode}: ops per step {counts}"
 

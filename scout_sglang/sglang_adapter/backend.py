@@ -17,6 +17,7 @@ its selection and CPU attention start one layer early (layer_ahead.py).
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -34,6 +35,8 @@ from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_m
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
+
+METRICS_INTERVAL_S = 0.5  # the longest /metrics lags the steps; a request's release always updates it
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 _config_logged = False
@@ -141,6 +144,7 @@ class ScoutAttnBackend:
         logger.info("%s", memory_report.startup_message(self.engine, self.layout, logical_tokens, context,
                                                         memory_report.sglang_pool_bytes(pool, self.layout), max_requests))
         self.metrics = ScoutMetrics.create(model_runner.server_args)
+        self._metrics_updated = float("-inf")  # time.monotonic() of the last metrics update at a step's end
 
     # -- AttentionBackend interface -------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -249,7 +253,9 @@ class ScoutAttnBackend:
             self._graph_rows = None
             self.last_telemetry = self.engine.end_step()
             self.stats.add_step(self.last_telemetry)
-            if self.metrics is not None:
+            now = time.monotonic()
+            if self.metrics is not None and now - self._metrics_updated >= METRICS_INTERVAL_S:
+                self._metrics_updated = now  # a report reads the device once and walks the pools: not every step
                 self.metrics.update(self.report())
 
     def on_graph(self) -> bool:

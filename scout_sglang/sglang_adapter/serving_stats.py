@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from scout_sglang.core.cpu_handoff import FALLBACK_CAUSES
 
 COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes")
@@ -25,7 +27,7 @@ class ServingStats:
     layers_launched_ahead: int = 0
     layers_with_cpu_work: int = 0
     timings: dict = field(default_factory=dict)
-    cosine_sum: float = 0.0
+    cosine_sum: object = 0.0  # a 0-dim fp64 tensor on the queries' device once a cosine is added
     cosine_count: int = 0
     admitted_requests: int = 0
     released_requests: int = 0
@@ -49,7 +51,9 @@ class ServingStats:
             self.cpu_fallbacks[cause] = self.cpu_fallbacks.get(cause, 0) + count
 
     def add_cosines(self, values) -> None:
-        self.cosine_sum += float(values.sum())
+        """Adds one layer's cosines [B] inside the layer loop without reading them: the sum stays on their
+        device (a read here would be a device sync every layer) until a report reads it once."""
+        self.cosine_sum = values.sum(dtype=torch.float64) + self.cosine_sum
         self.cosine_count += values.numel()
 
     def report(self, usage: dict) -> dict:
@@ -68,7 +72,8 @@ class ServingStats:
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
                                             if self.layers_with_cpu_work else 0.0),
-            "predicted_query_cosine": round(self.cosine_sum / self.cosine_count, 6) if self.cosine_count else None,
+            "predicted_query_cosine": (round(float(self.cosine_sum) / self.cosine_count, 6)
+                                       if self.cosine_count else None),
             "predicted_queries": self.cosine_count,
             "admitted_requests": self.admitted_requests,
             "released_requests": self.released_requests,

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test mutants bench-quick bench bench-capacity demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-capacity validate-plan demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,12 @@ bench: $(STAMP)
 bench-capacity: $(STAMP)
 	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
 	$(PY) -P benchmarks/bench_capacity.py
+
+# The planner (python -m scout_sglang.plan) against real CPU servers: capacity exact,
+# step time within 30% (benchmarks/results/plan_validation.md; about 10 minutes).
+validate-plan: $(STAMP)
+	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
+	$(PY) -P benchmarks/validate_plan.py
 
 # The main job: an SGLang server with --attention-backend scout on a small model
 # built in place, asked through the OpenAI API; prints the answers and the

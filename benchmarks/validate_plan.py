@@ -1,12 +1,16 @@
 """The planner against the real CPU server: capacity (exact) and decode throughput (within 30%).
 
-On a CPU-only machine the "device" of the step model is the CPU itself: its
-measured memory read bandwidth stands in for HBM, the CPU worker pool's
-measured K/V rate for the CPU attention, this host's measured op dispatch for
-the per-launch and per-sync costs (scout_sglang.plan.measure), and a measured
-fp32 matmul rate for the peak FLOP rate. Nothing of the model is tuned here:
-the predictions are `capacity.server_batch()` and `step_model.step_time()` as
-they are.
+On a CPU-only machine the "device" of the step model is the CPU itself
+(`host_is_device`: launches and compute take turns on one thread): its measured
+memory read bandwidth stands in for HBM, the CPU worker pool's measured K/V
+rate for the CPU attention, the engine's own measured host time per dispatched
+op for the per-launch and per-sync costs, and a measured fp32 matmul rate for
+the peak FLOP rate. The stock backend's per-request attention loop is counted
+on SGLang's own code. The serving framework's per-step host cost is the one
+figure with no count behind it: it is measured on the stock server at a short
+context (runs that are not validated). Nothing of the model is tuned here: the
+predictions are `capacity.server_batch()` and `step_model.step_time()` as they
+are.
 
 1. Capacity. Three scout servers (tiny preset), each started with one setting
    changed from the first (the token budget, --max-total-tokens,
@@ -16,14 +20,15 @@ they are.
    equal `server_batch()`, and the device bytes the server reports must equal
    the planner's.
 2. Step time. One scout and one stock (torch_native) server each decode up to
-   three batch / context settings; the measured decode tokens/s is the median
+   three batch / context settings (after a warm-up; the stock server first
+   decodes the two short calibration runs); the measured decode tokens/s is the median
    of the per-step "gen throughput" log lines at the full batch (prefill
    excluded), beside bench_serving's output tokens/s (prefill included). The
    prediction is B / step of the step model at context input + output / 2.
 
 Writes benchmarks/results/plan_validation.{json,md}:
 
-    python -P benchmarks/validate_plan.py            # about 10 minutes on a 2-core host
+    make validate-plan            # about 10 minutes on a 2-core host
 """
 
 from __future__ import annotations
@@ -63,30 +68,80 @@ def measure_matmul_tflops(*, size: int = 512, rounds: int = 20) -> float:
     return 2 * size**3 * rounds / (time.perf_counter() - start) / 1e12
 
 
-def cpu_hardware(args) -> tuple[object, dict]:
-    """The step model's Hardware with the CPU as the device, and where each figure came from."""
-    from scout_sglang.plan import measure
-    from scout_sglang.plan.step_model import Hardware
+def engine_dispatch_us(num_kv_heads: int) -> tuple[float, str]:
+    """Host microseconds per dispatched op of the engine's own decode layer on this CPU (scout, batch 1): the
+    per-launch cost of a CPU device, where the thread that launches is the one that computes."""
+    import bench_host_overhead
 
-    log("measuring this host: read bandwidth, CPU attention, dispatch, matmul")
+    row = bench_host_overhead.measure("scout", 1, num_kv_heads, "steady", repeats=3)
+    value = 1e3 * row["host_ms_per_layer"] / row["ops_per_layer"]
+    return round(value, 2), (f"measured: the engine's decode layer (scout, batch 1, {num_kv_heads} KV heads, "
+                             f"{bench_host_overhead.CONTEXT} tokens): {row['host_ms_per_layer']} ms / "
+                             f"{row['ops_per_layer']} ops")
+
+
+def cpu_figures(spec) -> dict:
+    """The step model's Hardware figures with the CPU as the device, each with where it came from; the serving
+    framework's per-step host cost is added by `framework_figures` once the stock server has been measured."""
+    from scout_sglang.plan import measure
+    from scout_sglang.sglang_adapter.stock_attention_ops import measure_stock_attention_gbs, stock_decode_counts
+
+    log("measuring this host: read bandwidth, CPU attention, the engine's dispatch, matmul, stock attention ops")
     read = measure.measure_read_bandwidth()
     attention = measure.measure_cpu_attention()
-    dispatch = measure.measure_dispatch_us()
+    dispatch, dispatch_how = engine_dispatch_us(spec.num_kv_heads)
     tflops = measure_matmul_tflops()
-    figures = {
+    stock = stock_decode_counts(num_qo_heads=spec.num_qo_heads, num_kv_heads=spec.num_kv_heads,
+                                head_dim=spec.head_dim)
+    stock_how = "counted: SGLang's torch_native decode loop, on this model's shapes (batches 2 and 3)"
+    shape = dict(num_qo_heads=spec.num_qo_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    stock_rates = [measure_stock_attention_gbs(**shape) for _ in range(3)]
+    return {
         "hbm_gbs": [read.value, f"measured: {read.source}"],
         "pcie_gbs": [read.value, "the host read bandwidth: a recall is a copy within the same memory"],
         "cpu_attention_gbs": [attention.value, f"measured: {attention.source}"],
         "bf16_tflops": [round(tflops, 4), "measured: fp32 512 x 512 matmul on this CPU (the servers run fp32)"],
-        "launch_us": [dispatch.value, f"measured: {dispatch.source} (no driver: the CPU is the device)"],
-        "sync_us": [dispatch.value, "measured: as launch_us (a host read on the CPU waits on no queue)"],
-        "model_launches_per_layer": [10.0, "assumed: the planner's default"],
+        "launch_us": [dispatch, dispatch_how],
+        "sync_us": [dispatch, "as launch_us (a host read on the CPU waits on no queue)"],
+        "model_launches_per_layer": [0.0, "the model's own ops are inside the per-step host cost below"],
         "cuda_graphs_for_stock": [False, "the CPU server decodes without graphs (its log: cpu graph: False)"],
+        "host_is_device": [True, "the CPU is the device: launches and compute take turns on one thread"],
+        "stock_launches_per_layer": [stock.ops_fixed, stock_how],
+        "stock_launches_per_request": [stock.ops_per_request, stock_how],
+        "stock_syncs_per_request": [stock.scalar_reads_per_request, stock_how],
+        "device_attention_gbs": [round(max(stock_rates), 2), "measured: SGLang's torch_native decode loop on this "
+                                 "model's shapes, batch 4, K/V of 2048 over 256 tokens a request, best of 3; "
+                                 "used for every mode's device K/V (the engine's own device kernels are not "
+                                 "timed apart)"],
     }
-    hardware = Hardware(**{key: value for key, (value, _) in figures.items()})
-    for key, (value, how) in figures.items():
-        log(f"  {key} = {value} ({how})")
-    return hardware, figures
+
+
+def hardware_of(figures: dict):
+    from scout_sglang.plan.step_model import Hardware
+
+    return Hardware(**{key: value for key, (value, _) in figures.items()})
+
+
+def framework_figures(figures: dict, calibration: list[dict], spec, config) -> dict:
+    """The serving framework's host work per step (scheduler, batch metadata, sampling, the model's own ops):
+    the stock server's measured step at a short context minus what the step model gives that step without
+    it, at two batch sizes, as `fixed + per request x B`. Measured on runs that are not validated."""
+    from scout_sglang.plan.capacity import STOCK
+    from scout_sglang.plan.step_model import Workload, step_time
+
+    hardware = hardware_of(figures)
+    points = []
+    for run in calibration:
+        batch, context = run["batch_size"], run["model_context"]
+        modelled = step_time(STOCK, config, spec, hardware, Workload(batch_size=batch, context=context, itemsize=4))
+        points.append((batch, run["measured_step_ms"] - modelled.step_ms))
+    (b0, rest0), (b1, rest1) = sorted(points)
+    per_request = (rest1 - rest0) / (b1 - b0)
+    fixed = rest0 - per_request * b0
+    how = ("measured: the stock server's decode step at " + ", ".join(
+        f"B={r['batch_size']} ({r['measured_step_ms']:.2f} ms)" for r in calibration)
+        + f", context {calibration[0]['model_context']}, less the modelled step; not a validated setting")
+    return {**figures, "step_host_ms": [round(fixed, 3), how], "step_host_ms_per_request": [round(per_request, 3), how]}
 
 
 def server_args(kind: str, *, max_total_tokens: int, max_running: int, context_length: int) -> list[str]:
@@ -174,49 +229,70 @@ def validate_capacity(model_path: str, spec, workdir: Path, args) -> list[dict]:
     return rows
 
 
-def validate_step(model_path: str, spec, hardware, workdir: Path, args) -> list[dict]:
+def measured_runs(runs: list[dict], output_len: int) -> list[dict]:
+    """Per bench of one server: its batch, context (input + output / 2), measured decode rate and step."""
+    out = []
+    for run in runs:
+        bench = run["bench"]
+        batch = bench["num_prompts"]
+        measured, lines = decode_rate(run["log"], batch)
+        out.append({"batch_size": batch, "input_len": bench["input_len"], "model_context":
+                    bench["input_len"] + output_len // 2, "measured_decode_tokens_per_s": round(measured, 2),
+                    "measured_decode_lines": lines,
+                    "measured_step_ms": round(batch / measured * 1e3, 3) if measured else None,
+                    "bench_output_tokens_per_s": round(run["result"]["output_throughput"], 2),
+                    "peak_running": peak_running(run["log"])})
+    return out
+
+
+def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> tuple[list[dict], dict, list]:
+    """Runs the stock server (its first two benches calibrate the framework's per-step host cost) and the scout
+    server, then predicts every validated setting; returns the rows, the final figures and the calibration."""
     from scout_sglang.env import config_from_env
     from scout_sglang.plan.capacity import STOCK
     from scout_sglang.plan.step_model import Workload, step_time
 
     settings = [(1, 480), (4, 480), (4, 1984)][: args.step_settings]  # (batch, input length)
+    calibration_settings = [(1, args.calibration_input_len), (4, args.calibration_input_len)]
     output_len = args.step_output_len
-    benches = [dict(num_prompts=batch, input_len=input_len, output_len=output_len) for batch, input_len in settings]
+    bench = lambda batch, input_len: dict(num_prompts=batch, input_len=input_len, output_len=output_len)  # noqa: E731
     total = max(b * (i + output_len) for b, i in settings) * 2
     running = max(b for b, _ in settings)
     env = {"SCOUT_CONFIG": "tiny"}
     config = config_from_env(env)
-    rows = []
-    for kind, mode in (("scout", "scout"), ("stock", STOCK)):
+    measured = {}
+    warmup = bench(running, args.calibration_input_len)  # a server's first requests run slower: not measured
+    for kind in ("stock", "scout"):
+        benches = [warmup] + [bench(b, i) for b, i in (calibration_settings if kind == "stock" else []) + settings]
         runs, _, _ = run_benches(kind, model_path, workdir, name=f"step-{kind}", env=env if kind == "scout" else {},
                                  max_total_tokens=total, max_running=running, benches=benches, timeout=args.timeout)
+        measured[kind] = measured_runs(runs[1:], output_len)
+    calibration = measured["stock"][: len(calibration_settings)]
+    figures = framework_figures(figures, calibration, spec, config)
+    for key in ("step_host_ms", "step_host_ms_per_request"):
+        log(f"  {key} = {figures[key][0]} ({figures[key][1]})")
+    hardware = hardware_of(figures)
+    rows = []
+    for kind, mode in (("scout", "scout"), ("stock", STOCK)):
+        runs = measured[kind][len(calibration_settings):] if kind == "stock" else measured[kind]
         for run in runs:
-            bench = run["bench"]
-            batch = bench["num_prompts"]
-            work = Workload(batch_size=batch, context=bench["input_len"] + output_len // 2, itemsize=4,
+            work = Workload(batch_size=run["batch_size"], context=run["model_context"], itemsize=4,
                             output_len=output_len)
             estimate = step_time(mode, config, spec, hardware, work)
-            measured, lines = decode_rate(run["log"], batch)
-            ratio = estimate.tokens_per_s / measured if measured else float("inf")
-            row = {
-                "mode": mode, "server": "scout" if kind == "scout" else "torch_native", "batch_size": batch,
-                "input_len": bench["input_len"], "output_len": output_len, "model_context": work.context,
-                "predicted_tokens_per_s": round(estimate.tokens_per_s, 2),
-                "predicted_step_ms": round(estimate.step_ms, 3), "predicted_bound": estimate.bound,
-                "predicted_resource_ms": {k: round(v, 3) for k, v in estimate.resource_ms.items()},
-                "predicted_cpu_ratio": round(estimate.cpu_ratio, 3),
-                "host_counts_source": estimate.host_counts_source,
-                "measured_decode_tokens_per_s": round(measured, 2), "measured_decode_lines": lines,
-                "measured_step_ms": round(batch / measured * 1e3, 3) if measured else None,
-                "bench_output_tokens_per_s": round(run["result"]["output_throughput"], 2),
-                "peak_running": peak_running(run["log"]),
-                "ratio_predicted_to_measured": round(ratio, 3),
-            }
+            rate = run["measured_decode_tokens_per_s"]
+            ratio = estimate.tokens_per_s / rate if rate else float("inf")
+            row = {"mode": mode, "server": "scout" if kind == "scout" else "torch_native", **run,
+                   "output_len": output_len, "predicted_tokens_per_s": round(estimate.tokens_per_s, 2),
+                   "predicted_step_ms": round(estimate.step_ms, 3), "predicted_bound": estimate.bound,
+                   "predicted_resource_ms": {k: round(v, 3) for k, v in estimate.resource_ms.items()},
+                   "predicted_cpu_ratio": round(estimate.cpu_ratio, 3),
+                   "host_counts_source": estimate.host_counts_source,
+                   "ratio_predicted_to_measured": round(ratio, 3)}
             row["passed"] = abs(ratio - 1) <= STEP_TOLERANCE
-            log(f"step {mode} B={batch} ctx={work.context}: predicted {estimate.tokens_per_s:.1f} tok/s "
-                f"({estimate.bound}-bound), measured {measured:.1f} tok/s, ratio {ratio:.2f}")
+            log(f"step {mode} B={run['batch_size']} ctx={work.context}: predicted {estimate.tokens_per_s:.1f} tok/s "
+                f"({estimate.bound}-bound), measured {rate:.1f} tok/s, ratio {ratio:.2f}")
             rows.append(row)
-    return rows
+    return rows, figures, calibration
 
 
 def write_results(summary: dict) -> None:
@@ -261,50 +337,49 @@ def write_results(summary: dict) -> None:
         lines.append(f"| {r['mode']} | {r['batch_size']} | {r['model_context']} | "
                      + " | ".join(f"{v:.3f}" for v in r["predicted_resource_ms"].values()) + " |")
     lines += ["", "## Verdict", ""] + [f"- {line}" for line in summary["verdict"]]
-    lines += misses(step, summary["model"]["num_layers"])
+    lines += calibration_lines(summary["calibration"], summary["hardware"])
+    lines += misses(step)
     lines += ["", "## Limits of this comparison", "",
               "- The planner has no CPU \"device\" in its GPU table; the step model's `Hardware` is built here from "
               "this host's measured figures (above) and `step_time()` called directly, as `--gpu custom` would with "
               "the same numbers. Capacity needs no device figures: `server_batch()` takes the server's settings.",
-              "- The step model overlaps the host's launches with device work (`max(t_dev, t_launch)`): on a GPU the "
-              "host runs ahead of the device. On the CPU server the host thread *is* the device, so launches and "
-              "compute add up instead; the prediction is left as the model makes it (not tuned).",
-              "- The engine's launches and host reads per layer come from `benchmarks/results/host_overhead.json` "
-              "(counted on this engine at its measured batches, at the measured number of KV heads nearest the model's), not from this run.",
-              "- One run on a 2-core host; each number is one measurement."]
+              "- The serving framework's per-step host cost (SGLang's scheduling, batch metadata, sampling and the "
+              "model's own ops) has no count the model could price: it is measured on the stock server at a short "
+              "context, on runs that are not validated, and carried over to both servers. The stock rows therefore "
+              "check the model's scaling in batch and context from that point; the scout rows check what the model "
+              "adds for the engine (its counted ops at the measured per-op cost, its plan, its bytes).",
+              "- The engine's ops, host reads and plan per step come from `benchmarks/results/host_overhead.json` "
+              "(counted on this engine at its measured batches, at the measured number of KV heads nearest the "
+              "model's), not from this run. The scout backend's own work around the engine (reshapes, the KV "
+              "write, the per-step batch bookkeeping) is not counted.",
+              "- One run on a 2-core host; each number is one measurement (the median of a run's decode steps)."]
     (RESULTS / "plan_validation.md").write_text("\n".join(lines) + "\n")
 
 
-def misses(step: list[dict], num_layers: int) -> list[str]:
-    """Where the measured step time goes that the model does not count, from the rows alone (no fitting)."""
+def calibration_lines(calibration: list[dict], figures: dict) -> list[str]:
+    lines = ["", "## The framework's per-step host cost (measured, not validated)", "",
+             "| server | B | input + output | measured step ms |", "|---|---:|---|---:|"]
+    for r in calibration:
+        lines.append(f"| torch_native | {r['batch_size']} | {r['input_len']} + {2 * (r['model_context'] - r['input_len'])} "
+                     f"| {r['measured_step_ms']:.2f} |")
+    lines += ["", f"-> `step_host_ms` = {figures['step_host_ms'][0]} ms, `step_host_ms_per_request` = "
+              f"{figures['step_host_ms_per_request'][0]} ms (the measured steps less the modelled stock step)."]
+    return lines
+
+
+def misses(step: list[dict]) -> list[str]:
+    """Per setting, the stock step and what scout adds over it, measured and predicted (no fitting)."""
     pairs = [(s, f) for s in step if s["mode"] == "scout" for f in step
              if f["mode"] != "scout" and (f["batch_size"], f["input_len"]) == (s["batch_size"], s["input_len"])]
     if not pairs or any(r["measured_step_ms"] is None for pair in pairs for r in pair):
         return []
-    lines = ["", "## Where the measured step goes that the model does not count", "",
-             "Per setting: the stock step (the model counts its layers' weights and K/V, the output projection "
-             "and 10 assumed op launches a layer), and what scout adds over it (the model: the engine's counted "
-             "launches and host reads at the measured dispatch cost, its digests, CPU part and recall).", "",
+    lines = ["", "## Scout over stock, per setting", "",
              "| B | context | full: measured ms | full: predicted ms | scout - full: measured ms | "
              "scout - full: predicted ms |", "|---:|---:|---:|---:|---:|---:|"]
     for s, f in pairs:
         lines.append(f"| {s['batch_size']} | {s['model_context']} | {f['measured_step_ms']:.2f} | "
                      f"{f['predicted_step_ms']:.2f} | {s['measured_step_ms'] - f['measured_step_ms']:.2f} | "
                      f"{s['predicted_step_ms'] - f['predicted_step_ms']:.2f} |")
-    s, f = pairs[0]
-    lines += ["", f"- The stock step measures {f['measured_step_ms']:.1f} ms against {f['predicted_step_ms']:.2f} ms "
-              f"predicted, on a {num_layers}-layer model of hidden 64 whose weights and K/V take microseconds to "
-              "read: nearly all of it is host work the model has no term for (SGLang's per-step scheduling, batch "
-              "metadata, sampling, and the Python of each op beyond a bare dispatch). The model has a per-layer host "
-              "term and no per-step one.",
-              f"- Scout's extra over stock measures {s['measured_step_ms'] - f['measured_step_ms']:.1f} ms against "
-              f"{s['predicted_step_ms'] - f['predicted_step_ms']:.2f} ms predicted: the engine's counted launches "
-              "are priced at one dispatch of an 8-element torch.add each, below what its ops and the Python around "
-              "them cost on this CPU.",
-              f"- Both misses make the prediction optimistic (ratio > 1). The measured stock step also grows with "
-              f"batch and context ({min(f['measured_step_ms'] for _, f in pairs):.1f} to "
-              f"{max(f['measured_step_ms'] for _, f in pairs):.1f} ms here) while the predicted one, host-bound, "
-              "stays flat. They are reported, not fitted."]
     return lines
 
 
@@ -330,6 +405,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cap-input-len", type=int, default=224)
     parser.add_argument("--cap-output-len", type=int, default=32)
     parser.add_argument("--step-output-len", type=int, default=64)
+    parser.add_argument("--calibration-input-len", type=int, default=32,
+                        help="input tokens of the stock runs that measure the framework's per-step host cost")
     parser.add_argument("--capacity-settings", type=int, default=3, help="how many capacity settings to run (1-3)")
     parser.add_argument("--step-settings", type=int, default=3, help="how many batch / context settings (1-3)")
     parser.add_argument("--timeout", type=int, default=600)
@@ -343,9 +420,9 @@ def main(argv=None) -> int:
         model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=args.num_layers, hidden=64,
                                          num_heads=4, num_kv_heads=2, head_dim=16, max_positions=16384))
         spec = load_model(model_path)
-        hardware, figures = cpu_hardware(args)
+        figures = cpu_figures(spec)
         cap = validate_capacity(model_path, spec, workdir, args)
-        step = validate_step(model_path, spec, hardware, workdir, args)
+        step, figures, calibration = validate_step(model_path, spec, figures, workdir, args)
         (RESULTS / "server-logs").mkdir(parents=True, exist_ok=True)
         for path in sorted(workdir.glob("*.log")):
             (RESULTS / "server-logs" / f"plan-validation-{path.name}").write_text(path.read_text())
@@ -353,7 +430,8 @@ def main(argv=None) -> int:
         "model": {key: getattr(spec, key) for key in ("num_layers", "num_qo_heads", "num_kv_heads", "head_dim",
                                                        "hidden_size", "intermediate_size", "vocab_size")},
         "host": {"cpus": len(os.sched_getaffinity(0))},
-        "hardware": figures, "capacity": cap, "step": step, "verdict": verdict(cap, step),
+        "hardware": figures, "calibration": calibration, "capacity": cap, "step": step,
+        "verdict": verdict(cap, step),
         "run_seconds": round(time.perf_counter() - started, 1),
     }
     write_results(summary)

@@ -1,6 +1,7 @@
 """The step-time model against hand-computed steps, and its invariants: what bounds a step follows the
 slowest resource, the CPU part follows the mode and the recall policy."""
 
+import dataclasses
 import json
 
 import pytest
@@ -116,3 +117,53 @@ def test_host_counts_come_from_the_file_interpolated_in_the_batch(tmp_path):
     assert host_counts("scout", 16, 2, path).ops_per_layer == 1601.0  # nearest heads (1), extended past batch 8
     assert host_counts("hgca", 4, 8, path).how == "assumed"
     assert host_counts("scout", 4, 8, tmp_path / "missing.json").how == "assumed"
+
+
+def _counts_file(tmp_path, **row):
+    path = tmp_path / "host_overhead.json"
+    path.write_text(json.dumps({"rows": [{"mode": "scout", "variant": "steady", "batch": 1, "num_kv_heads": 1,
+                                          "scalar_reads_per_layer": 0.0, **row}]}))
+    return path
+
+
+def test_a_gpu_prices_launches_and_a_cpu_device_every_dispatched_op(tmp_path):
+    """On a GPU views launch nothing and launches overlap the device; on a CPU device every op costs the one
+    thread that also computes, so a layer is launch + device time, and the engine's plan comes on top."""
+    path = _counts_file(tmp_path, ops_per_layer=300.0, launches_per_layer=200.0, plan_host_ms=0.5)
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.0)
+    gpu = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=10.0, sync_us=0.0,
+                   model_launches_per_layer=0.0)
+    on_gpu = step_time("scout", CONFIG, SPEC, gpu, work, host_overhead_path=path)
+    no_host = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+    device_ms = [no_host.step_ms]  # the same bytes, no host work: layer 0, layer 1 and the output projection
+    launch_ms = 200 * 10e-3  # per layer: 2 ms, far above each layer's device time
+    assert on_gpu.step_ms == pytest.approx(2 * launch_ms + HEAD / 1e6 + 0.5)
+    cpu = dataclasses.replace(gpu, host_is_device=True)
+    on_cpu = step_time("scout", CONFIG, SPEC, cpu, work, host_overhead_path=path)
+    assert on_cpu.step_ms == pytest.approx(device_ms[0] + 2 * 300 * 10e-3 + 0.5)
+    assert on_cpu.resource_ms["host"] == pytest.approx(2 * 300 * 10e-3 + 0.5) and on_cpu.bound == "host"
+
+
+def test_the_framework_step_cost_and_the_stock_loop_grow_with_the_batch():
+    """A CPU server: the serving framework's host work a step (fixed + per request) and the stock backend's
+    per-request attention loop (ops and host reads) without graphs."""
+    hw = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=2.0, sync_us=3.0,
+                  model_launches_per_layer=0.0, cuda_graphs_for_stock=False, host_is_device=True, step_host_ms=4.0,
+                  step_host_ms_per_request=0.5, stock_launches_per_layer=1.0, stock_launches_per_request=20.0,
+                  stock_syncs_per_request=2.0)
+    for batch in (1, 3):
+        work = Workload(batch_size=batch, context=100, itemsize=2)
+        bytes_only = step_time("full", CONFIG, SPEC, HW, work).step_ms
+        step = step_time("full", CONFIG, SPEC, hw, work)
+        per_layer_us = (1 + 20 * batch) * 2.0 + 2 * batch * 3.0
+        assert step.step_ms == pytest.approx(bytes_only + 2 * per_layer_us / 1e3 + 4.0 + 0.5 * batch)
+    graphs = dataclasses.replace(hw, cuda_graphs_for_stock=True)
+    assert step_time("full", CONFIG, SPEC, graphs, work).step_ms == pytest.approx(bytes_only + 4.0 + 0.5 * 3)
+
+
+def test_host_counts_read_launches_and_the_plan_when_the_file_has_them(tmp_path):
+    counts = host_counts("scout", 1, 1, _counts_file(tmp_path, ops_per_layer=300.0, launches_per_layer=200.0,
+                                                      plan_host_ms=0.5))
+    assert (counts.ops_per_layer, counts.launches_per_layer, counts.plan_ms_per_step) == (300.0, 200.0, 0.5)
+    older = host_counts("scout", 1, 1, _counts_file(tmp_path, ops_per_layer=300.0))
+    assert (older.launches_per_layer, older.plan_ms_per_step) == (300.0, 0.0)

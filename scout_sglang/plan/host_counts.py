@@ -28,17 +28,25 @@ class HostCounts:
     Parameters
     ----------
     ops_per_layer : float
-        Kernel launches per layer (on a GPU each aten op dispatched is one launch).
+        Aten ops dispatched per layer, views included.
     scalar_reads_per_layer : float
         Device-to-host reads per layer (each a synchronisation on a GPU).
     how, source : str
         As in Figure.
+    launches_per_layer : float
+        Ops that launch a kernel on a GPU (views and other metadata-only ops do not); `ops_per_layer` where the
+        file predates the distinction.
+    plan_ms_per_step : float
+        Host ms of the engine's once-a-step work (begin_step's plan and end_step's bookkeeping and host copies of
+        completed blocks), measured on the host that wrote the file; 0 where the file has no such column.
     """
 
     ops_per_layer: float
     scalar_reads_per_layer: float
     how: str
     source: str
+    launches_per_layer: float = 0.0
+    plan_ms_per_step: float = 0.0
 
 
 def _interpolate(points: list[tuple[int, float]], batch: float) -> float:
@@ -66,11 +74,15 @@ def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = No
     rows = [r for r in rows if r["mode"] == mode and r.get("variant") == VARIANT]
     if not rows:
         return HostCounts(FALLBACK["ops_per_layer"], FALLBACK["scalar_reads_per_layer"], "assumed",
-                          f"no {mode} rows in {where}; counts of the scout engine at batch 8, 8 KV heads")
+                          f"no {mode} rows in {where}; counts of the scout engine at batch 8, 8 KV heads",
+                          launches_per_layer=FALLBACK["ops_per_layer"])
     heads = min({r["num_kv_heads"] for r in rows}, key=lambda h: (abs(h - num_kv_heads), -h))
     rows = [r for r in rows if r["num_kv_heads"] == heads]
     ops = _interpolate([(r["batch"], r["ops_per_layer"]) for r in rows], batch)
     reads = _interpolate([(r["batch"], r["scalar_reads_per_layer"]) for r in rows], batch)
+    launches = _interpolate([(r["batch"], r.get("launches_per_layer", r["ops_per_layer"])) for r in rows], batch)
+    plan = _interpolate([(r["batch"], r.get("plan_host_ms", 0.0)) for r in rows], batch)
     batches = sorted(r["batch"] for r in rows)
     return HostCounts(ops, reads, "measured",
-                      f"{Path(where).name}: {mode}, {heads} KV heads, batches {batches}, interpolated to {batch}")
+                      f"{Path(where).name}: {mode}, {heads} KV heads, batches {batches}, interpolated to {batch}",
+                      launches_per_layer=launches, plan_ms_per_step=plan)

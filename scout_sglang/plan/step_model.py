@@ -3,7 +3,8 @@
 Written out with its reasons in docs/performance_model.md; in short, for a
 batch of B requests at context C (tokens), block size S, per layer:
 
-  device  t_dev = max(HBM bytes / HBM bandwidth, FLOPs / peak bf16)
+  device  t_dev = max(HBM bytes / HBM bandwidth, FLOPs / peak bf16), the K/V part of the
+          bytes at the attention kernel's rate (the HBM bandwidth unless given)
           HBM bytes = the layer's weights (read once for the batch)
                     + B x Hkv x (K/V the device attends + digests and scores)
           device K/V attended per (request, KV head):
@@ -21,16 +22,23 @@ batch of B requests at context C (tokens), block size S, per layer:
           changes per step), scout and infinigen
   host    t_launch = (engine launches + the model's own) x per-launch cost,
           t_sync = host reads x per-sync cost (each drains the launch queue)
-          stock SGLang decodes with CUDA graphs: one graph launch a step
+          stock SGLang decodes with CUDA graphs: one graph launch a step;
+          without graphs its attention launches per layer are fixed + per request x B
 
-  layer time
+  layer time, on a GPU (the host runs ahead of the device)
     scout, infinigen (launched one layer ahead):
           max(t_dev, t_cpu, t_pcie, t_launch) + t_sync
     hgca (CPU part in the same layer, beside the device part):
           max(t_dev + max(0, t_cpu - t_dev_attention), t_pcie, t_launch) + t_sync
     full, quest: max(t_dev, t_launch) + t_sync
+  layer time where the device is the host's CPU (a CPU server): the thread that
+  launches is the one that computes, so t_launch + t_dev (+ the exposed CPU part
+  for hgca) + t_sync, beside the worker threads' t_cpu and t_pcie.
   dense layers (layer 0 by default) attend C tokens on the device.
-  step = sum of layer times + the output projection (vocab x hidden weights).
+  step = sum of layer times + the output projection (vocab x hidden weights)
+       + the engine's once-a-step plan (measured with the launch counts)
+       + the serving framework's host work a step: fixed + per request x B
+         (scheduling, sampling, the model's ops when they are not counted per layer).
 
 tokens/s = B / step. The step is bound by the resource whose summed time is
 largest (HBM, compute, CPU, PCIe, host); GPU idle = 1 - device time / step.
@@ -67,6 +75,20 @@ class Hardware:
         Launches of the model's own ops per layer (norms, projections, MLP), beside the attention engine's.
     cuda_graphs_for_stock : bool
         Stock SGLang captures decode in CUDA graphs: its per-layer host cost is zero.
+    host_is_device : bool
+        The device is the host's own CPU (a CPU server): launches and device work take turns on one thread
+        instead of overlapping, and every dispatched op counts as a launch (views too: each costs that thread
+        a dispatch); `launch_us` is then the cost of one dispatched op.
+    step_host_ms, step_host_ms_per_request : float
+        The serving framework's host work per decode step outside the attention backend: a fixed part and a
+        part per request (0 on a GPU, where SGLang's overlap scheduler prepares a step while the previous runs).
+    stock_launches_per_layer, stock_launches_per_request, stock_syncs_per_request : float
+        The stock backend's attention launches and host reads per layer when it runs without CUDA graphs: a
+        fixed part and a part per request (SGLang's torch_native backend loops over the requests).
+    device_attention_gbs : float
+        K/V bytes per second the device's attention kernel reads; 0 means the HBM bandwidth (a GPU decode
+        kernel at long context runs near it). A CPU's attention kernels at small head dims run far below
+        its memory bandwidth, so a CPU device gives the rate measured on its kernel.
     """
 
     hbm_gbs: float
@@ -77,6 +99,13 @@ class Hardware:
     sync_us: float
     model_launches_per_layer: float = 10.0
     cuda_graphs_for_stock: bool = True
+    host_is_device: bool = False
+    step_host_ms: float = 0.0
+    step_host_ms_per_request: float = 0.0
+    stock_launches_per_layer: float = 0.0
+    stock_launches_per_request: float = 0.0
+    stock_syncs_per_request: float = 0.0
+    device_attention_gbs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -188,13 +217,23 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     batch, heads, group = work.batch_size, spec.num_kv_heads, spec.num_qo_heads // spec.num_kv_heads
     layer_weights = spec.layer_params() * work.itemsize
     weight_flops = 2 * spec.layer_params() * batch
+    plan_ms = 0.0
     if mode == STOCK and hw.cuda_graphs_for_stock:
         launches, syncs, counts_source = 0.0, 0.0, "stock SGLang decodes with CUDA graphs"
+    elif mode == STOCK:
+        launches = hw.model_launches_per_layer + hw.stock_launches_per_layer + hw.stock_launches_per_request * batch
+        syncs = hw.stock_syncs_per_request * batch
+        counts_source = "the stock backend's counts in Hardware (no CUDA graphs)"
     else:
         counts = host_counts(mode, batch, heads, host_overhead_path)
-        launches, syncs = counts.ops_per_layer + hw.model_launches_per_layer, counts.scalar_reads_per_layer
+        # on a CPU device every dispatched op (views too) costs the thread that computes; on a GPU, launches
+        engine = counts.ops_per_layer if hw.host_is_device else counts.launches_per_layer
+        launches = engine + hw.model_launches_per_layer
+        syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
     t_launch, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
+    kv_rate = hw.device_attention_gbs or hw.hbm_gbs
+    step_host = (hw.step_host_ms + hw.step_host_ms_per_request * batch + plan_ms) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
     totals = dict(hbm=0.0, cpu=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
     ratio = 0.0
@@ -204,18 +243,22 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         head = _head_traffic(mode, config, spec, work, dense=dense)
         attention_bytes = batch * heads * (head["device_kv"] + head["digests"])
         hbm = layer_weights + attention_bytes
+        kv_bytes = batch * heads * head["device_kv"]  # read by the attention kernel, at its own rate
+        t_attention = kv_bytes / (kv_rate * 1e9) + (attention_bytes - kv_bytes) / (hw.hbm_gbs * 1e9)
         flops = weight_flops + batch * heads * group * 4 * spec.head_dim * head["device_tokens"]
-        t_hbm, t_flops = hbm / (hw.hbm_gbs * 1e9), flops / (hw.bf16_tflops * 1e12)
+        t_hbm, t_flops = (hbm - attention_bytes) / (hw.hbm_gbs * 1e9) + t_attention, flops / (hw.bf16_tflops * 1e12)
         t_dev = max(t_hbm, t_flops)
         t_cpu = batch * heads * head["cpu"] / (hw.cpu_attention_gbs * 1e9)
         t_pcie = batch * heads * head["pcie"] / (hw.pcie_gbs * 1e9)
+        exposed, t_cpu_ahead = 0.0, t_cpu  # the CPU part launched a layer ahead overlaps the whole layer
         if mode == "hgca" and not dense:
-            exposed = max(0.0, t_cpu - attention_bytes / (hw.hbm_gbs * 1e9))  # beside the device attention only
-            layer_time = max(t_dev + exposed, t_pcie, t_launch) + t_sync
-            without_host = max(t_dev + exposed, t_pcie)
+            exposed = max(0.0, t_cpu - t_attention)  # beside the device attention only
+            t_cpu_ahead = 0.0  # what the device attention does not hide is `exposed`, on the device's path
+        if hw.host_is_device:  # one thread launches and computes: nothing overlaps but the worker threads
+            layer_time = max(t_launch + t_dev + exposed + t_sync, t_cpu_ahead, t_pcie)
         else:
-            layer_time = max(t_dev, t_cpu, t_pcie, t_launch) + t_sync
-            without_host = max(t_dev, t_cpu, t_pcie)
+            layer_time = max(t_dev + exposed, t_cpu_ahead, t_pcie, t_launch) + t_sync
+        without_host = max(t_dev + exposed, t_cpu_ahead, t_pcie)
         for name, value in zip(RESOURCES, (t_hbm, t_flops, t_cpu, t_pcie, t_launch + t_sync)):
             sums[name] += value
         totals["hbm"] += hbm
@@ -228,9 +271,10 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     head_bytes = spec.head_params() * work.itemsize  # the output projection, once a step
     t_head = max(head_bytes / (hw.hbm_gbs * 1e9), 2 * spec.head_params() * batch / (hw.bf16_tflops * 1e12))
     sums["HBM"] += head_bytes / (hw.hbm_gbs * 1e9)
+    sums["host"] += step_host
     totals["device"] += t_head
-    totals["step"] += t_head
-    totals["without_host"] += t_head
+    totals["step"] += t_head + step_host
+    totals["without_host"] += t_head + plan_ms * 1e-3  # CUDA graphs hide launches, not the plan before them
     totals["hbm"] += head_bytes
     step = totals["step"]
     return StepEstimate(mode=mode, batch_size=batch, context=work.context, step_ms=step * 1e3,

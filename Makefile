@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test mutants bench-quick bench bench-capacity validate-plan demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-capacity validate-plan soak demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,12 @@ bench: $(STAMP)
 bench-capacity: $(STAMP)
 	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
 	$(PY) -P benchmarks/bench_capacity.py
+
+# A real scout server under 10 minutes of mixed OpenAI traffic (64 clients, chat and
+# completions, streamed and not, 10% disconnects, 5% of CPU tasks failing on purpose);
+# every completed answer checked against the reference decoder (benchmarks/results/soak.*).
+soak: $(STAMP)
+	$(PY) -P benchmarks/soak.py --faults 0.05
 
 # The planner (python -m scout_sglang.plan) against real CPU servers: capacity exact,
 # step time within 30% (benchmarks/results/plan_validation.md; about 10 minutes).

@@ -1,0 +1,317 @@
+"""Soak: a real scout server under mixed OpenAI traffic for minutes, every completed answer checked.
+
+A scout server on the bundled needle model (`python -m sglang.launch_server
+--attention-backend scout`, on the CPU when there is no GPU) gets N minutes of
+C concurrent clients. Each client loops: a needle prompt of 256 to 4096 tokens
+(a fixed pool), chat or completions, streamed or not; a share of the streams
+disconnects after the first event. Optionally a share of the CPU attention
+tasks fails on purpose (SCOUT_TEST_FAULTS: the layer computes the part itself).
+
+Every completed answer is compared with the reference decoder's greedy answer
+for the same prompt (scout_sglang.hf.reference_decoder, the same engine
+settings as the server). Reported: completed / disconnected / failed requests,
+answers identical, latency percentiles over time, the scheduler's RSS over time
+(growth after warm-up), pages in use once idle, the fallbacks the server counted.
+
+    make soak                                    # 10 minutes, 64 clients, 10% disconnects, 5% CPU faults
+    python -P benchmarks/soak.py --quick         # about 90 s; prints one JSON line last
+
+Writes benchmarks/results/soak.{json,md,png} (not with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MAX_TOKENS = 6  # `K V1 V2 . <eos>` and one more: the server stops at <eos>
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
+
+
+def log(message: str) -> None:
+    print(f"[soak] {message}", file=sys.stderr, flush=True)
+
+
+def prompt_pool(count: int, lengths: list[int], seed: int) -> list:
+    """`count` needle samples, lengths cycling through `lengths` (fixed seeds: the same pool every run)."""
+    from scout_sglang.retrieval.evaluate import held_out
+
+    return [held_out(1, lengths[i % len(lengths)], seed=seed + i)[0] for i in range(count)]
+
+
+def reference_answers(samples: list, env: dict) -> list[list[str]]:
+    """The reference decoder's greedy words per sample, up to <eos> (which the server does not return)."""
+    from scout_sglang.env import config_from_env
+    from scout_sglang.hf.reference_decoder import ReferenceDecoder
+    from scout_sglang.retrieval import data
+    from scout_sglang.retrieval.evaluate import load_model
+
+    model = load_model()
+    decoder = ReferenceDecoder(model, config_from_env(env), max_requests=8,
+                               max_tokens_per_request=max(len(s.prompt) for s in samples) + MAX_TOKENS,
+                               track_changes=False)
+    answers = []
+    try:
+        for start in range(0, len(samples), 8):
+            chunk = samples[start:start + 8]
+            for tokens in decoder.generate([s.prompt for s in chunk], MAX_TOKENS).tokens:
+                said = data.words(list(tokens))
+                answers.append(said[:said.index("<eos>")] if "<eos>" in said else said)
+    finally:
+        decoder.close()
+    return answers
+
+
+def ask(base: str, text: str, *, chat: bool, stream: bool, disconnect: bool, timeout: float) -> tuple[str, str]:
+    """One request; returns (outcome, answer text): outcome completed, disconnected or failed (text: why)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = {"model": "needle", "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream}
+    body.update({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
+    url = urlparse(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    try:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            return "failed", f"HTTP {response.status}: {response.read()[:200]!r}"
+        if not stream:
+            choice = json.loads(response.read())["choices"][0]
+            return "completed", choice["message"]["content"] if chat else choice["text"]
+        pieces = []
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return "completed", "".join(pieces)
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                return "failed", f"stream error: {event['error']}"
+            for choice in event.get("choices", []):
+                pieces.append((choice.get("delta", {}).get("content") if chat else choice.get("text")) or "")
+            if disconnect:
+                return "disconnected", ""  # closing the connection mid-answer
+        return "failed", "stream ended without [DONE]"
+    except Exception as exc:  # noqa: BLE001 - a failed request is a result, not a crash of the soak
+        return "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+
+
+def client_loop(index: int, base: str, samples, answers, args, end: float, records: list, lock) -> None:
+    from scout_sglang.retrieval import data
+
+    rng = random.Random(1000 + index)
+    texts = [" ".join(data.words(s.prompt)) for s in samples]
+    while time.monotonic() < end:
+        pick = rng.randrange(len(samples))
+        chat, stream = rng.random() < 0.5, rng.random() < 0.5
+        disconnect = stream and rng.random() < args.disconnect
+        start = time.monotonic()
+        outcome, text = ask(base, texts[pick], chat=chat, stream=stream, disconnect=disconnect, timeout=args.timeout)
+        record = {"t": start, "latency_s": time.monotonic() - start, "outcome": outcome, "prompt": pick,
+                  "tokens": len(samples[pick].prompt), "chat": chat, "stream": stream}
+        if outcome == "completed":
+            record["identical"] = text.split() == answers[pick]
+            if not record["identical"]:
+                record["answer"], record["expected"] = text, " ".join(answers[pick])
+        elif outcome == "failed":
+            record["error"] = text
+        with lock:
+            records.append(record)
+
+
+def scheduler_rss(root_pid: int) -> int:
+    """RSS bytes of the server's scheduler process (the largest process of the server's tree)."""
+    import psutil
+
+    try:
+        tree = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:
+        return 0
+    sizes = []
+    for process in tree:
+        try:
+            sizes.append(process.memory_info().rss)
+        except psutil.Error:
+            pass
+    return max(sizes, default=0)
+
+
+def soak(args) -> dict:
+    import os
+
+    from scout_sglang.retrieval.evaluate import bundled_model_dir
+    from scout_sglang.server.client import scout_stats
+    from scout_sglang.server.launch import launched_server
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    samples = prompt_pool(args.prompts, lengths, seed=5150)
+    log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens")
+    answers = reference_answers(samples, SCOUT_ENV)
+    env = dict(SCOUT_ENV)
+    if args.faults > 0:
+        env.update(SCOUT_TEST_FAULTS=f"cpu_raise:{args.faults},seed:1", SCOUT_TEST_FAULTS_ALLOW="1")
+    server_args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
+                   "--max-running-requests", str(args.clients), "--disable-radix-cache", "--enable-metrics")
+    records, rss, lock = [], [], threading.Lock()
+    with tempfile.TemporaryDirectory() as tmp:
+        log_path = Path(tmp) / "server.log"
+        with launched_server(bundled_model_dir(), *server_args, env=env, log_path=log_path) as base:
+            start = time.monotonic()
+            end = start + args.seconds
+            log(f"{args.clients} clients for {args.seconds:.0f} s against {base} (env {env})")
+            clients = [threading.Thread(target=client_loop, args=(i, base, samples, answers, args, end, records, lock),
+                                        daemon=True) for i in range(args.clients)]
+            for thread in clients:
+                thread.start()
+            next_report = start
+            while any(thread.is_alive() for thread in clients):
+                rss.append({"t": time.monotonic() - start, "rss_bytes": scheduler_rss(os.getpid())})
+                if time.monotonic() >= next_report:
+                    with lock:
+                        done = len(records)
+                    log(f"{time.monotonic() - start:5.0f} s: {done} requests, scheduler RSS "
+                        f"{rss[-1]['rss_bytes'] / 2**20:.0f} MiB")
+                    next_report += 30
+                time.sleep(2)
+            time.sleep(3)  # the last aborts and releases settle
+            stats = scout_stats(base)
+            health = _health(base)
+    return summarize(records, rss, stats, health, start, args)
+
+
+def _health(base: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/health", timeout=30) as response:
+        return response.status
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": round(pick(0.5), 3), "p90": round(pick(0.9), 3), "p99": round(pick(0.99), 3), "n": len(values)}
+
+
+def summarize(records, rss, stats, health, start, args) -> dict:
+    count = lambda outcome: sum(r["outcome"] == outcome for r in records)  # noqa: E731
+    completed = [r for r in records if r["outcome"] == "completed"]
+    bucket = max(10, args.seconds // 10)
+    buckets = {}
+    for r in completed:
+        buckets.setdefault(int((r["t"] - start) // bucket), []).append(r["latency_s"])
+    warm = [s["rss_bytes"] for s in rss if s["t"] >= 0.2 * args.seconds and s["rss_bytes"]]
+    growth = (warm[-1] / warm[0] - 1) if len(warm) >= 2 else None
+    usage = (stats or {}).get("usage", {})
+    pages = sum(v for k, v in usage.items() if k.endswith("pages"))
+    result = {
+        "seconds": args.seconds, "clients": args.clients, "disconnect_share": args.disconnect,
+        "cpu_fault_share": args.faults, "prompts": args.prompts, "lengths": args.lengths,
+        "requests": len(records), "completed": len(completed), "disconnected": count("disconnected"),
+        "failed": count("failed"), "identical": sum(r["identical"] for r in completed),
+        "latency_s": percentiles([r["latency_s"] for r in completed]),
+        "latency_over_time": [{"from_s": k * bucket, **percentiles(v)} for k, v in sorted(buckets.items())],
+        "rss_over_time": [{"t": round(s["t"], 1), "mib": round(s["rss_bytes"] / 2**20, 1)} for s in rss],
+        "rss_growth_after_warmup": None if growth is None else round(growth, 4),
+        "idle_usage": usage, "idle_pages": pages, "health": health,
+        "cpu_fallbacks": (stats or {}).get("cpu_fallbacks"), "decode_steps": (stats or {}).get("decode_steps"),
+        "failures": [r for r in records if r["outcome"] == "failed"][:5],
+        "mismatches": [r for r in completed if not r["identical"]][:5],
+    }
+    result["verdict"] = {
+        "zero_failed": result["failed"] == 0, "all_identical": result["identical"] == result["completed"] > 0,
+        "rss_growth_under_5pct": growth is not None and growth < 0.05, "no_pages_idle": pages == 0,
+        "healthy": health == 200}
+    result["passed"] = all(result["verdict"].values())
+    return result
+
+
+def write_report(result: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    lat = result["latency_s"]
+    lines = ["# Soak: a scout server under mixed OpenAI traffic", "",
+             f"{result['seconds'] / 60:.0f} minutes, {result['clients']} concurrent clients on the bundled needle "
+             f"model (CPU, fp32, tiny preset), {result['prompts']} needle prompts of {result['lengths']} tokens, chat "
+             f"and completions, streamed and not; {100 * result['disconnect_share']:.0f}% of the streams disconnect "
+             f"after the first event; {100 * result['cpu_fault_share']:.0f}% of the CPU attention tasks raise on "
+             "purpose. Every completed answer is compared with the reference decoder's greedy answer.", "",
+             "| requests | completed | disconnected | failed | identical to the reference | latency p50 / p90 / p99 s "
+             "| RSS growth after warm-up | pages in use when idle | CPU fallbacks |",
+             "|---:|---:|---:|---:|---:|---|---:|---:|---|",
+             f"| {result['requests']} | {result['completed']} | {result['disconnected']} | {result['failed']} | "
+             f"{result['identical']} | {lat.get('p50')} / {lat.get('p90')} / {lat.get('p99')} | "
+             f"{result['rss_growth_after_warmup']} | {result['idle_pages']} | {result['cpu_fallbacks']} |", "",
+             "Verdict: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["verdict"].items()), "",
+             "![latency and RSS over time](soak.png)"]
+    if result["mismatches"] or result["failures"]:
+        lines += ["", "First mismatches and failures:", ""]
+        lines += [f"- `{json.dumps(r)}`" for r in result["mismatches"] + result["failures"]]
+    (RESULTS / "soak.md").write_text("\n".join(lines) + "\n")
+    plot(result, RESULTS / "soak.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = result["latency_over_time"]
+    for key in ("p50", "p90", "p99"):
+        left.plot([r["from_s"] for r in rows], [r[key] for r in rows], marker="o", label=key)
+    left.set(xlabel="seconds into the soak", ylabel="latency (s)", title="completed requests")
+    left.legend()
+    right.plot([s["t"] for s in result["rss_over_time"]], [s["mib"] for s in result["rss_over_time"]])
+    right.set(xlabel="seconds into the soak", ylabel="MiB", title="scheduler RSS")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--disconnect", type=float, default=0.10, help="share of streams closed mid-answer")
+    parser.add_argument("--faults", type=float, default=0.0, help="share of CPU attention tasks that raise")
+    parser.add_argument("--prompts", type=int, default=40, help="distinct needle prompts in the pool")
+    parser.add_argument("--lengths", default="256,512,1024,2048,4096", help="prompt lengths (tokens) of the pool")
+    parser.add_argument("--max-total-tokens", type=int, default=131072)
+    parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    parser.add_argument("--quick", action="store_true", help="about 90 s: 16 clients, 45 s, shorter prompts")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.minutes, args.clients, args.prompts, args.lengths = 0.75, 16, 12, "256,512,1024"
+    args.seconds = args.minutes * 60
+    started = time.monotonic()
+    result = soak(args)
+    result["run_seconds"] = round(time.monotonic() - started, 1)
+    if not args.quick:
+        write_report(result)
+    log(f"{result['requests']} requests: {result['completed']} completed ({result['identical']} identical), "
+        f"{result['disconnected']} disconnected, {result['failed']} failed; RSS growth "
+        f"{result['rss_growth_after_warmup']}; pages idle {result['idle_pages']}; passed {result['passed']}")
+    print(json.dumps({k: result[k] for k in ("passed", "verdict", "requests", "completed", "identical",
+                                             "disconnected", "failed", "latency_s", "rss_growth_after_warmup",
+                                             "idle_pages", "cpu_fallbacks", "run_seconds")}))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

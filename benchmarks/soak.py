@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
@@ -149,8 +150,6 @@ def scheduler_rss(root_pid: int) -> int:
 
 
 def soak(args) -> dict:
-    import os
-
     from scout_sglang.retrieval.evaluate import bundled_model_dir
     from scout_sglang.server.client import scout_stats
     from scout_sglang.server.launch import launched_server
@@ -248,7 +247,9 @@ def write_report(result: dict) -> None:
              f"model (CPU, fp32, tiny preset), {result['prompts']} needle prompts of {result['lengths']} tokens, chat "
              f"and completions, streamed and not; {100 * result['disconnect_share']:.0f}% of the streams disconnect "
              f"after the first event; {100 * result['cpu_fault_share']:.0f}% of the CPU attention tasks raise on "
-             "purpose. Every completed answer is compared with the reference decoder's greedy answer.", "",
+             "purpose. Every completed answer is compared with the reference decoder's greedy answer. Host: "
+             f"{result['host']['cpus']} CPUs, load average at the end {result['host']['load_average_at_end']} (other "
+             "work on the host shows there).", "",
              "| requests | completed | disconnected | failed | identical to the reference | latency p50 / p90 / p99 s "
              "| RSS growth after warm-up | pages in use when idle | CPU fallbacks |",
              "|---:|---:|---:|---:|---:|---|---:|---:|---|",
@@ -302,6 +303,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     result = soak(args)
     result["run_seconds"] = round(time.monotonic() - started, 1)
+    result["host"] = {"cpus": len(os.sched_getaffinity(0)), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
     if not args.quick:
         write_report(result)
     log(f"{result['requests']} requests: {result['completed']} completed ({result['identical']} identical), "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import random
 import sys
 import tempfile
@@ -212,8 +213,11 @@ def summarize(records, rss, stats, health, start, args) -> dict:
     buckets = {}
     for r in completed:
         buckets.setdefault(int((r["t"] - start) // bucket), []).append(r["latency_s"])
-    warm = [s["rss_bytes"] for s in rss if s["t"] >= 0.2 * args.seconds and s["rss_bytes"]]
-    growth = (warm[-1] / warm[0] - 1) if len(warm) >= 2 else None
+    # RSS swings with each prefill's buffers: the median of the last fifth of the run against the median of the
+    # fifth after warm-up (the first fifth)
+    window = lambda lo, hi: [s["rss_bytes"] for s in rss if lo <= s["t"] / args.seconds < hi and s["rss_bytes"]]  # noqa: E731
+    early, late = window(0.2, 0.4), window(0.8, 1.01)
+    growth = (statistics.median(late) / statistics.median(early) - 1) if early and late else None
     usage = (stats or {}).get("usage", {})
     pages = sum(v for k, v in usage.items() if k.endswith("pages"))
     result = {
@@ -229,6 +233,7 @@ def summarize(records, rss, stats, health, start, args) -> dict:
         "cpu_fallbacks": (stats or {}).get("cpu_fallbacks"), "decode_steps": (stats or {}).get("decode_steps"),
         "failures": [r for r in records if r["outcome"] == "failed"][:5],
         "mismatches": [r for r in completed if not r["identical"]][:5],
+        "slowest": sorted(completed, key=lambda r: -r["latency_s"])[:5],
     }
     result["verdict"] = {
         "zero_failed": result["failed"] == 0, "all_identical": result["identical"] == result["completed"] > 0,

@@ -31,7 +31,7 @@ def test_each_defect_fails_the_verdict():
     assert not wrong["passed"] and not wrong["verdict"]["all_identical"] and wrong["mismatches"]
     failed = soak.summarize(records(outcome="failed", error="HTTP 500"), RSS, STATS, 200, 0.0, ARGS)
     assert not failed["passed"] and failed["failed"] == 1
-    growing = RSS[:-1] + [{"t": 95, "rss_bytes": 1100}]
+    growing = RSS[:-2] + [{"t": 80, "rss_bytes": 1100}, {"t": 90, "rss_bytes": 1100}]
     assert not soak.summarize(records(), growing, STATS, 200, 0.0, ARGS)["verdict"]["rss_growth_under_5pct"]
     leaking = {**STATS, "usage": {**STATS["usage"], "host_pages": 3}}
     assert soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS)["idle_pages"] == 3

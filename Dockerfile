@@ -31,6 +31,8 @@ ENV MODEL_PATH=/models/model
 
 EXPOSE 30000
 
-# Decode CUDA graphs are off: the backend's CPU part does not run under graph replay yet.
+# Decode CUDA graphs stay on: the backend switches them to SGLang's breakable graphs (not yet run
+# on a GPU). This default command has no --disable-radix-cache and no capacity, which the scout KV
+# pool requires: give the full command to `docker run` (docs/deployment.md, Docker).
 # `sh -c` expands $MODEL_PATH; `exec` lets the server receive docker's signals.
 CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --host 0.0.0.0 --port 30000"]

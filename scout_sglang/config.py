@@ -17,14 +17,15 @@ CPU_IMPLS = ("auto", "native", "torch")
 
 @dataclass(frozen=True)
 class ScoutConfig:
-    """How the co-attention engine decodes (README: the engine, configuration).
+    """How the co-attention engine decodes (docs/algorithm.md; every field: docs/configuration.md, generated
+    from the comments below by scripts/gen_config_docs.py).
 
     The token budget covers everything a query attends to per layer and KV
     head: sink, local window and the selected blocks. `topk_blocks` derives
     from it.
     """
 
-    mode: str = "scout"  # one of MODES
+    mode: str = "scout"  # one of MODES (docs/algorithm.md): scout is the method, the others baselines
     block_size: int = 32  # tokens per digest block
     token_budget: int = 2048  # tokens attended per (request, layer, KV head)
     resident_blocks: int | None = None  # device buffer per (request, layer, KV head); None: topk_blocks
@@ -35,16 +36,16 @@ class ScoutConfig:
     dense_layers: tuple[int, ...] = (0,)
     max_cpu_blocks: int | None = None  # CPU list capacity per (request, KV head); None: topk_blocks
     max_recall_blocks: int | None = None  # (block, KV head) copies per layer and step, whole batch; None: no bound
-    recall_policy: str = "adaptive"  # one of RECALL_POLICIES
+    recall_policy: str = "adaptive"  # one of RECALL_POLICIES: adaptive (by recall_beta), interval (by steps), off
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
-    recall_intervals: tuple[int, ...] = ()  # per-layer intervals from the offline profile
+    recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
     recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
     cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core
-    cpu_threads_per_group: int = 1
-    cpu_pin_cores: bool = False
-    cpu_impl: str = "auto"  # one of CPU_IMPLS
-    kernel_impl: str | None = None  # one of KERNEL_IMPLS; None: automatic
+    cpu_threads_per_group: int = 1  # threads per CPU worker group (a group works on one sequence at a time)
+    cpu_pin_cores: bool = False  # pin each worker thread to one CPU of the process's CPU set, in order
+    cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
+    kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # preset metadata (model, profile source)
 
     def __post_init__(self):

@@ -25,14 +25,16 @@ RUN pip install --no-cache-dir --no-deps . \
     && python3 -c "import numpy, yaml, scout_sglang.sglang_adapter.plugin"
 
 # SCOUT_CONFIG: a preset (default, tiny, qwen3-8b, llama-3.1-8b) or a YAML path;
-# SCOUT_<FIELD> variables override single settings.
+# SCOUT_<FIELD> variables override single settings. SCOUT_HOST_KV_GIB: host memory for the
+# K/V the scout pool holds (its logical capacity); start-up refuses a value above 90% of
+# the host memory free, so set it to what your host can give (`docker run -e`).
 ENV SCOUT_CONFIG=default
+ENV SCOUT_HOST_KV_GIB=64
 ENV MODEL_PATH=/models/model
 
 EXPOSE 30000
 
 # Decode CUDA graphs stay on: the backend switches them to SGLang's breakable graphs (not yet run
-# on a GPU). This default command has no --disable-radix-cache and no capacity, which the scout KV
-# pool requires: give the full command to `docker run` (docs/deployment.md, Docker).
+# on a GPU). --disable-radix-cache: the scout pool frees a request's K/V with it (docs/deployment.md).
 # `sh -c` expands $MODEL_PATH; `exec` lets the server receive docker's signals.
-CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --host 0.0.0.0 --port 30000"]
+CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --disable-radix-cache --host 0.0.0.0 --port 30000"]

@@ -11,6 +11,8 @@ import shlex
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from scout_sglang.sglang_adapter.version import SGLANG_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +118,54 @@ def launch_problems(text):
     return problems
 
 
+def image_env(text):
+    """The ENV settings of the image, `ENV NAME=value` form."""
+    env = {}
+    for keyword, arguments in instructions(text):
+        if keyword == "ENV":
+            for word in shlex.split(arguments):
+                name, _, value = word.partition("=")
+                env[name] = value
+    return env
+
+
+def start_up_refusals(text):
+    """What the scout KV pool's start-up checks refuse in the image's default command, with the image's ENV:
+    the same checks the server runs (the radix cache, the logical capacity)."""
+    pytest.importorskip("sglang")
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from scout_sglang.env import pool_settings_from_env
+    from scout_sglang.sglang_adapter import plugin
+    from scout_sglang.sglang_adapter.kv_pool import logical_capacity, pool_problems
+
+    plugin.register()  # `scout` among the --attention-backend choices, as the entry point makes it
+
+    commands = [arguments for keyword, arguments in instructions(text) if keyword == "CMD"]
+    words = json.loads(commands[-1])
+    words = shlex.split(words[2]) if words[:2] == ["sh", "-c"] else words
+    words = [w.replace('"$MODEL_PATH"', "/models/model").replace("$MODEL_PATH", "/models/model") for w in words]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(words[words.index("sglang.launch_server") + 1:])
+    refusals = pool_problems(args)
+    try:
+        logical_capacity(args.max_total_tokens, pool_settings_from_env(image_env(text)), token_bytes=2**17,
+                         page_size=args.page_size or 1)
+    except RuntimeError as exc:
+        refusals.append(str(exc))
+    return refusals
+
+
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def test_the_default_command_passes_the_scout_pools_start_up_checks():
+    assert start_up_refusals(DOCKERFILE) == []
+    bare = 'CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path x --attention-backend scout"]\n'
+    assert len(start_up_refusals(bare)) == 2  # the radix cache, and no capacity
 
 
 def test_every_copied_source_exists():

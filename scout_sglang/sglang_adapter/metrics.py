@@ -23,7 +23,7 @@ GAUGES = {
                                       ("memory", "full_attention_bytes")),
     "scout_running_requests": ("requests held by the engine", ("usage", "requests")),
     "scout_decode_steps": ("decode steps since start-up", ("decode_steps",)),
-    "scout_cpu_ratio": ("fraction of the selected blocks attended on the CPU", ("cpu_ratio",)),
+    "scout_cpu_ratio": ("blocks attended on the CPU over the token budget's blocks, since start-up", ("cpu_ratio",)),
     "scout_recalled_blocks": ("blocks recalled into resident buffers since start-up", ("recalled_blocks",)),
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),

@@ -9,7 +9,7 @@ import pytest
 from scout_sglang.config import ScoutConfig
 from scout_sglang.plan.host_counts import host_counts
 from scout_sglang.plan.models import ModelSpec
-from scout_sglang.plan.step_model import Hardware, Workload, expected_cpu_ratio, step_time
+from scout_sglang.plan.step_model import Hardware, Workload, expected_cpu_ratio, recall_share, step_time
 
 # Two layers, one KV head of 4 dims: a layer's weights are 8*4*2 + 8*4*2 (q, o; k, v) + 3*8*8 + 2*8 = 336.
 SPEC = ModelSpec(name="toy", num_layers=2, num_qo_heads=1, num_kv_heads=1, head_dim=4, hidden_size=8,
@@ -167,3 +167,22 @@ def test_host_counts_read_launches_and_the_plan_when_the_file_has_them(tmp_path)
     assert (counts.ops_per_layer, counts.launches_per_layer, counts.plan_ms_per_step) == (300.0, 200.0, 0.5)
     older = host_counts("scout", 1, 1, _counts_file(tmp_path, ops_per_layer=300.0))
     assert (older.launches_per_layer, older.plan_ms_per_step) == (300.0, 0.0)
+
+
+def test_recall_steps_add_their_extra_counts_by_the_policys_share(tmp_path):
+    rows = [{"mode": "scout", "variant": "steady", "batch": 1, "num_kv_heads": h, "ops_per_layer": 300.0,
+             "launches_per_layer": 200.0, "scalar_reads_per_layer": 0.0, "plan_host_ms": 0.5} for h in (1, 8)]
+    rows.append({"mode": "scout", "variant": "recall", "batch": 1, "num_kv_heads": 8, "ops_per_layer": 380.0,
+                 "launches_per_layer": 250.0, "scalar_reads_per_layer": 0.0, "plan_host_ms": 0.7})
+    path = tmp_path / "host_overhead.json"
+    path.write_text(json.dumps({"rows": rows}))
+    counts = host_counts("scout", 1, 1, path, recall_share=0.25)  # the recall delta, measured at 8 heads
+    assert (counts.ops_per_layer, counts.launches_per_layer) == (320.0, 212.5)
+    assert counts.plan_ms_per_step == pytest.approx(0.55)
+    assert host_counts("scout", 1, 1, path).ops_per_layer == 300.0
+    # adaptive recall at beta 0.12: a change rate of 0.05 recalls every 3rd step, 0.15 every step
+    adaptive = ScoutConfig(recall_policy="adaptive", recall_beta=0.12)
+    assert recall_share("scout", adaptive, Workload(batch_size=1, context=64, change_rate=0.05)) == pytest.approx(1 / 3)
+    assert recall_share("scout", adaptive, Workload(batch_size=1, context=64, change_rate=0.15)) == 1.0
+    assert recall_share("hgca", adaptive, Workload(batch_size=1, context=64)) == 0.0
+    assert recall_share("scout", ScoutConfig(recall_policy="off"), Workload(batch_size=1, context=64)) == 0.0

@@ -68,21 +68,40 @@ def load_rows(path: Path | None = None) -> tuple[list[dict], str]:
     return json.loads(path.read_text()).get("rows", []), str(path)
 
 
-def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = None) -> HostCounts:
-    """Launches and host reads per layer of `mode` at `batch` requests, for a model with `num_kv_heads`."""
+def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = None, *,
+                recall_share: float = 0.0) -> HostCounts:
+    """Launches and host reads per layer of `mode` at `batch` requests, for a model with `num_kv_heads`;
+    with `recall_share` of the steps running a recall, what a recall step adds (the file's "recall" rows over
+    its "steady" rows at the same heads) weighted by that share."""
     rows, where = load_rows(path)
-    rows = [r for r in rows if r["mode"] == mode and r.get("variant") == VARIANT]
-    if not rows:
+    mine = [r for r in rows if r["mode"] == mode]
+    steady = [r for r in mine if r.get("variant") == VARIANT]
+    if not steady:
         return HostCounts(FALLBACK["ops_per_layer"], FALLBACK["scalar_reads_per_layer"], "assumed",
                           f"no {mode} rows in {where}; counts of the scout engine at batch 8, 8 KV heads",
                           launches_per_layer=FALLBACK["ops_per_layer"])
+    counts = _at(steady, batch, num_kv_heads)
+    source = (f"{Path(where).name}: {mode}, {counts['heads']} KV heads, batches {counts['batches']}, interpolated "
+              f"to {batch}")
+    recalls = [r for r in mine if r.get("variant") == "recall"]
+    if recall_share > 0 and recalls:
+        recall = _at(recalls, batch, num_kv_heads)
+        base = _at([r for r in steady if r["num_kv_heads"] == recall["heads"]], batch, recall["heads"])
+        for key in FIELDS:
+            counts[key] += recall_share * (recall[key] - base[key])
+        source += f"; recall steps ({recall_share:.2f} of the steps) from its recall rows"
+    return HostCounts(counts["ops_per_layer"], counts["scalar_reads_per_layer"], "measured", source,
+                      launches_per_layer=counts["launches_per_layer"], plan_ms_per_step=counts["plan_host_ms"])
+
+
+FIELDS = ("ops_per_layer", "scalar_reads_per_layer", "launches_per_layer", "plan_host_ms")
+
+
+def _at(rows: list[dict], batch: int, num_kv_heads: int) -> dict:
+    """Every field of FIELDS at `batch`, from the rows at the measured KV heads nearest `num_kv_heads`."""
     heads = min({r["num_kv_heads"] for r in rows}, key=lambda h: (abs(h - num_kv_heads), -h))
     rows = [r for r in rows if r["num_kv_heads"] == heads]
-    ops = _interpolate([(r["batch"], r["ops_per_layer"]) for r in rows], batch)
-    reads = _interpolate([(r["batch"], r["scalar_reads_per_layer"]) for r in rows], batch)
-    launches = _interpolate([(r["batch"], r.get("launches_per_layer", r["ops_per_layer"])) for r in rows], batch)
-    plan = _interpolate([(r["batch"], r.get("plan_host_ms", 0.0)) for r in rows], batch)
-    batches = sorted(r["batch"] for r in rows)
-    return HostCounts(ops, reads, "measured",
-                      f"{Path(where).name}: {mode}, {heads} KV heads, batches {batches}, interpolated to {batch}",
-                      launches_per_layer=launches, plan_ms_per_step=plan)
+    defaults = {"launches_per_layer": lambda r: r["ops_per_layer"], "plan_host_ms": lambda r: 0.0}
+    out = {key: _interpolate([(r["batch"], r[key] if key in r else defaults[key](r)) for r in rows], batch)
+           for key in FIELDS}
+    return {**out, "heads": heads, "batches": sorted(r["batch"] for r in rows)}

@@ -168,13 +168,24 @@ def expected_cpu_ratio(config: ScoutConfig, *, change_rate: float, free_share: f
     """
     if change_rate <= 0:
         return 0.0
-    if config.recall_policy == "adaptive":
-        steps = int(config.recall_beta // change_rate) + 1
-    elif config.recall_policy == "interval":
-        steps = config.recall_interval
-    else:
-        steps = output_len
+    steps = recall_cycle_steps(config, change_rate=change_rate, output_len=output_len)
     return min(free_share, change_rate * (steps + 1) / 2)
+
+
+def recall_cycle_steps(config: ScoutConfig, *, change_rate: float, output_len: int) -> int:
+    """Decode steps from one recall to the next under the configured policy (output_len: never)."""
+    if config.recall_policy == "adaptive" and change_rate > 0:
+        return int(config.recall_beta // change_rate) + 1
+    if config.recall_policy == "interval":
+        return config.recall_interval
+    return output_len
+
+
+def recall_share(mode: str, config: ScoutConfig, work: "Workload") -> float:
+    """Share of a layer's steps that run a recall (the engine's counts differ on those steps)."""
+    if mode != "scout" or config.recall_policy == "off":
+        return 0.0
+    return 1.0 / recall_cycle_steps(config, change_rate=work.change_rate, output_len=work.output_len)
 
 
 def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workload, *, dense: bool) -> dict:
@@ -225,7 +236,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         syncs = hw.stock_syncs_per_request * batch
         counts_source = "the stock backend's counts in Hardware (no CUDA graphs)"
     else:
-        counts = host_counts(mode, batch, heads, host_overhead_path)
+        counts = host_counts(mode, batch, heads, host_overhead_path, recall_share=recall_share(mode, config, work))
         # on a CPU device every dispatched op (views too) costs the thread that computes; on a GPU, launches
         engine = counts.ops_per_layer if hw.host_is_device else counts.launches_per_layer
         launches = engine + hw.model_launches_per_layer

@@ -22,7 +22,14 @@ import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.env import config_from_env, cpu_deadline_ms, injected_faults, pool_settings_from_env
+from scout_sglang.env import (
+    config_from_env,
+    cpu_deadline_ms,
+    drain_seconds,
+    injected_faults,
+    max_n,
+    pool_settings_from_env,
+)
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
 from scout_sglang.sglang_adapter.graph_breaks import (
@@ -86,6 +93,7 @@ class ScoutAttnBackend:
 
     def __init__(self, model_runner):
         self.config = config_from_env()
+        max_n(), drain_seconds()  # read by the HTTP front (guards.py): a bad value stops the server here
         reasons = unsupported_reasons(model_runner, self.config)
         if reasons:
             raise RuntimeError("the scout attention backend cannot run this server:\n  - " + "\n  - ".join(reasons))
@@ -284,6 +292,12 @@ class ScoutAttnBackend:
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size)
         return report
+
+    def close(self) -> None:
+        """The server exits: stop and join the engine's CPU worker threads (idempotent)."""
+        threads = len(self.engine.cpu_pool.threads) if self.engine.cpu_pool is not None else 0
+        self.engine.close()
+        logger.info("scout: engine closed, %d CPU worker threads joined", threads)
 
     def release(self, req_pool_idx: int) -> None:
         if req_pool_idx in self.engine.requests:

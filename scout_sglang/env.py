@@ -250,7 +250,8 @@ def drain_seconds(environ: Mapping[str, str] | None = None) -> float:
 
 def injected_faults(environ: Mapping[str, str] | None = None):
     """SCOUT_TEST_FAULTS (tests only): faults the CPU worker threads inject into their own work, e.g.
-    `cpu_raise:0.1,cpu_delay_ms:300,cpu_delay:0.1,seed:1` (cpu_worker/faults.py) -> FaultPlan, or None
+    `cpu_raise:0.1,cpu_delay_ms:300,cpu_delay:0.1,seed:1`, and requests whose engine state the backend drops,
+    `request_state:victim` (cpu_worker/faults.py) -> FaultPlan, or None
     when unset. Refused unless running under pytest (PYTEST_CURRENT_TEST is set) or SCOUT_TEST_FAULTS_ALLOW=1."""
     from scout_sglang.cpu_worker.faults import FaultPlan
 

@@ -5,7 +5,10 @@ collects the other processes' metrics through prometheus_client's
 multiprocess directory; gauges made here, in the scheduler process, appear
 there as scout_* next to sglang:*. `scout_cpu_fallbacks_total{cause}` is a
 counter: the layers whose CPU part was computed by the layer itself, because
-the CPU task raised ("error") or missed its deadline ("deadline").
+the CPU task raised ("error") or missed its deadline ("deadline");
+`scout_request_failures_total{stage}` counts the requests aborted alone because
+their state was inconsistent, found in their "prefill" or "decode"
+(request_failures.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ GAUGES = {
 COUNTERS = {
     "scout_cpu_fallbacks": ("layers whose CPU part the layer computed itself, by cause (error, deadline)", "cause",
                             ("cpu_fallbacks",)),
+    "scout_request_failures": ("requests aborted alone because their state was inconsistent, by stage (prefill, "
+                               "decode)", "stage", ("request_failures",)),
 }
 
 _GAUGES: dict = {}  # one set per process: prometheus refuses a second metric of the same name

@@ -24,10 +24,11 @@ class Engine:
         self.requests.pop(slot)
 
 
-def test_failures_are_counted_by_stage_and_taken_once():
+def test_failures_are_counted_by_stage_once_per_request_and_taken_once():
     failures = RequestFailures()
     failures.fail(3, "r-3", "decode", "slot 3 is inconsistent")
     failures.fail(5, None, "prefill", "slot 5 is inconsistent")
+    failures.fail(5, None, "prefill", "slot 5 runs its in-flight chunk")  # given up already: not a second failure
     assert failures.take() == {3: "slot 3 is inconsistent", 5: "slot 5 is inconsistent"}
     assert failures.take() == {} and failures.counts == {"prefill": 1, "decode": 1}
 
@@ -52,13 +53,18 @@ def test_the_test_fault_drops_a_named_request_once_after_its_first_decode_steps(
 @requires_sglang
 def test_the_scheduler_side_aborts_exactly_the_failed_unfinished_requests():
     def req(slot, finished=False):
-        return SimpleNamespace(kv=SimpleNamespace(req_pool_idx=slot), finished=lambda: finished, to_finish=None)
+        return SimpleNamespace(kv=SimpleNamespace(req_pool_idx=slot), finished=lambda: finished, to_finish=None,
+                               discard_output_reason=None)
 
-    reqs = [req(0), req(1), req(2, finished=True), req(3)]
-    abort_failed_requests(reqs, {1: "slot 1 broke", 2: "slot 2 broke"})
-    assert [r.to_finish is not None for r in reqs] == [False, True, False, False]
+    reqs = [req(0), req(1), req(2, finished=True), req(3), req(4)]
+    scheduler = SimpleNamespace(chunked_req=reqs[4], _pending_chunked_abort_req=None)
+    abort_failed_requests(scheduler, reqs, {1: "slot 1 broke", 2: "slot 2 broke", 4: "slot 4 broke"})
+    assert [r.to_finish is not None for r in reqs] == [False, True, False, False, False]
     reason = reqs[1].to_finish.to_json()
     assert reason["type"] == "abort" and reason["status_code"] == 500 and reason["message"] == "scout: slot 1 broke"
+    # the request in the middle of a chunked prefill: no further chunk, aborted with the reason
+    assert scheduler._pending_chunked_abort_req is reqs[4]
+    assert reqs[4].discard_output_reason.to_json()["message"] == "scout: slot 4 broke"
 
 
 def test_an_error_escaping_an_entry_point_says_what_failed_before_the_server_stops(caplog):

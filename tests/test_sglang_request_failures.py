@@ -1,8 +1,9 @@
-"""A failure that concerns one request costs that request only, through the real SGLang server (CPU, fp32):
-SCOUT_TEST_FAULTS=request_state:victim drops the engine state of the requests whose id contains "victim"
-during their decode, in a batch with others. Those get a clear error (HTTP 500, or the finish reason of a
-stream), their pages are freed, the other requests complete with the reference decoder's greedy tokens, the
-failures are counted in /server_info and /metrics, and the server goes on serving."""
+"""A failure that concerns one request costs that request only, through the real SGLang server (CPU, fp32,
+prefill in chunks of at most 256 tokens): SCOUT_TEST_FAULTS=request_state:victim drops the engine state of the
+requests whose id contains "victim", in a batch with others: one between two chunks of its prefill, one
+during its decode. Those get a clear error (HTTP 500, or the finish reason of a stream), their pages are
+freed, the other requests complete with the reference decoder's greedy tokens, the failures are counted in
+/server_info and /metrics, and the server goes on serving."""
 
 import concurrent.futures
 import json
@@ -22,10 +23,10 @@ pytestmark = [requires_sglang, pytest.mark.slow]
 SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}  # budget 128 tokens, blocks of 16
 FAULTS_ENV = {"SCOUT_TEST_FAULTS": "request_state:victim", "SCOUT_TEST_FAULTS_ALLOW": "1"}
 ARGS = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "16384",
-        "--max-running-requests", "16", "--disable-radix-cache", "--enable-metrics")
+        "--max-running-requests", "16", "--disable-radix-cache", "--enable-metrics", "--chunked-prefill-size", "256")
 VOCAB = 263
 NEW_TOKENS = 24
-VICTIMS = {2: "plain", 5: "stream"}  # request index -> how it is asked
+VICTIMS = {2: "plain", 4: "stream"}  # request index -> how it is asked: 2 fails in its prefill, 4 in its decode
 
 
 def ask(base: str, prompt, rid: str, stream: bool) -> dict:
@@ -62,16 +63,19 @@ def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp
     kept = [i for i in range(len(prompts)) if i not in VICTIMS]
     expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, [prompts[i] for i in kept], NEW_TOKENS)
     assert [outcomes[i]["output_ids"] for i in kept] == expected
-    plain, streamed = outcomes[2], outcomes[5]
-    assert plain["status"] == 500 and "holds no tokens of it" in plain["body"], plain
+    plain, streamed = outcomes[2], outcomes[4]
+    assert plain["status"] == 500, plain  # its first chunk's length depends on the batch it was prefilled in
+    assert re.search(r"continues a prefill at token \d+, but the scout engine holds no tokens of it", plain["body"])
     reason = streamed["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and reason["status_code"] == 500, streamed
-    assert "holds no tokens of it" in reason["message"]
-    assert stats["request_failures"] == {"prefill": 0, "decode": 2}, stats["request_failures"]
+    assert "decodes at token 202, but the scout engine holds no tokens of it" in reason["message"], reason
+    assert stats["request_failures"] == {"prefill": 1, "decode": 1}, stats["request_failures"]
     assert stats["usage"]["requests"] == 0 and stats["usage"]["host_pages"] == 0  # every page freed
-    served = re.search(r'^scout_request_failures_total\{stage="decode"\} (\S+)', metrics, re.M)
-    assert served and float(served.group(1)) == 2
+    for stage in ("prefill", "decode"):
+        served = re.search(rf'^scout_request_failures_total\{{stage="{stage}"\}} (\S+)', metrics, re.M)
+        assert served and float(served.group(1)) == 1, stage
     assert again["meta_info"]["completion_tokens"] == 4 and health == 200
     text = log.read_text()
-    assert text.count("aborted in its decode, the other requests go on") == 2
+    assert text.count("aborted in its decode, the other requests go on") == 1
+    assert text.count("aborted in its prefill, the other requests go on") == 1
     assert "Traceback" not in text

@@ -324,6 +324,7 @@ class ScoutAttnBackend:
         logger.info("scout: engine closed, %d CPU worker threads joined", threads)
 
     def release(self, req_pool_idx: int) -> None:
+        self.failures.given_up.discard(req_pool_idx)
         if req_pool_idx in self.engine.requests:
             self.stats.released_requests += 1
         self.engine.release_request(req_pool_idx)
@@ -369,6 +370,9 @@ class ScoutAttnBackend:
         rids = _host_list(forward_batch, "req_pool_indices")
         prefixes, lengths = list(forward_batch.extend_prefix_lens_cpu), forward_batch.extend_seq_lens_cpu
         request_ids = getattr(forward_batch, "rids", None) or [None] * len(rids)
+        continued = [row for row, prefix in enumerate(prefixes) if prefix]
+        self.failures.inject(self.engine, [rids[row] for row in continued], [request_ids[row] for row in continued],
+                             continued_chunks=True)
         for row, (rid, prefix) in enumerate(zip(rids, prefixes)):
             known = self.engine.requests.get(rid)
             if prefix == 0:

@@ -108,7 +108,7 @@ def _abort_failed_requests(result, scheduler, *args, **kwargs):
     if failures:
         from scout_sglang.sglang_adapter.request_failures import abort_failed_requests
 
-        abort_failed_requests(batch.reqs, failures)
+        abort_failed_requests(scheduler, batch.reqs, failures)
     return None
 
 

@@ -313,6 +313,7 @@ class ScoutAttnBackend:
         """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
         report = self.stats.report(self.engine.usage())
         report["request_failures"] = dict(self.failures.counts)
+        report["cpu_worker"] = self.engine.cpu_worker_state()
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size)
         return report

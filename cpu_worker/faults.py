@@ -1,11 +1,15 @@
-"""Test-only faults injected into the CPU attention worker's own threads.
+"""Test-only faults injected into the CPU attention worker's own threads, and into one request's state.
 
 The CPU part of co-attention must never cost a token or the server: a task
 that raises or comes late is computed by the layer itself (core/cpu_handoff.py).
 To test that against the real threads, a FaultPlan (from SCOUT_TEST_FAULTS, read
 in scout_sglang/env.py, refused outside a test run) makes a worker raise or
 sleep before a queue entry's work: one part of a submit_batch, or one task of a
-submit. Off (None) by default; nothing here runs in production.
+submit; or end its own thread there, as an error escaping a worker's loop would
+(the pool replaces the thread at its next submit). A failure that concerns one request must cost only that request: the
+plan's request_state names requests (by a part of their id) whose engine state
+the SGLang backend drops during their decode (sglang_adapter/request_failures.py).
+Off (None) by default; nothing here runs in production.
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ import threading
 import time
 from dataclasses import dataclass
 
-FAULT_KEYS = ("cpu_raise", "cpu_delay", "cpu_delay_ms", "seed")
+FAULT_KEYS = ("cpu_raise", "cpu_delay", "cpu_delay_ms", "cpu_thread_exits", "seed", "request_state")
+
+
+INT_KEYS = ("cpu_thread_exits", "seed")
 
 
 class InjectedFault(RuntimeError):
     """The exception a FaultPlan makes a worker raise."""
+
+
+class InjectedThreadExit(BaseException):
+    """Ends the worker thread that raises it: not an Exception, so no task's handler catches it."""
 
 
 @dataclass(frozen=True)
@@ -30,13 +41,19 @@ class FaultPlan:
     delay_probability : cpu_delay, chance that the entry first sleeps delay_ms (default 1 when
         cpu_delay_ms is given: every entry)
     delay_ms : cpu_delay_ms, the sleep
+    thread_exits : cpu_thread_exits, how many queue entries (the pool's first ones) end the thread that
+        takes them, their work undone
     seed : the draws' seed (one generator per pool, shared by its threads)
+    request_state : request_state, a part of request ids: each request whose id contains it loses its
+        engine state once, in its decode (None: no request does)
     """
 
     raise_probability: float = 0.0
     delay_probability: float = 0.0
     delay_ms: float = 0.0
+    thread_exits: int = 0
     seed: int = 0
+    request_state: str | None = None
 
     def __post_init__(self):
         for name in ("raise_probability", "delay_probability"):
@@ -45,20 +62,29 @@ class FaultPlan:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         if self.delay_ms < 0:
             raise ValueError(f"delay_ms must be >= 0, got {self.delay_ms}")
+        if self.thread_exits < 0:
+            raise ValueError(f"thread_exits must be >= 0, got {self.thread_exits}")
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        """'cpu_raise:0.1,cpu_delay_ms:200,cpu_delay:0.5,seed:1' -> FaultPlan (unknown keys are errors)."""
+        """'cpu_raise:0.1,cpu_delay_ms:200,cpu_delay:0.5,seed:1,request_state:victim' -> FaultPlan (unknown
+        keys are errors)."""
         values = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, value = item.partition(":")
             if key not in FAULT_KEYS or not value:
                 raise ValueError(f"fault {item!r} is not key:value with a key among {', '.join(FAULT_KEYS)}")
-            values[key] = int(value) if key == "seed" else float(value)
+            values[key] = value if key == "request_state" else int(value) if key in INT_KEYS else float(value)
         delay_ms = values.get("cpu_delay_ms", 0.0)
         return cls(raise_probability=values.get("cpu_raise", 0.0),
                    delay_probability=values.get("cpu_delay", 1.0 if delay_ms else 0.0),
-                   delay_ms=delay_ms, seed=values.get("seed", 0))
+                   delay_ms=delay_ms, thread_exits=values.get("cpu_thread_exits", 0), seed=values.get("seed", 0),
+                   request_state=values.get("request_state"))
+
+    @property
+    def cpu_faults(self) -> bool:
+        """Whether the CPU worker threads inject anything."""
+        return bool(self.raise_probability or self.delay_probability or self.thread_exits)
 
 
 class FaultInjector:
@@ -68,10 +94,15 @@ class FaultInjector:
         self.plan = plan
         self._random = random.Random(plan.seed)
         self._lock = threading.Lock()
+        self._exits_left = plan.thread_exits
 
     def before_work(self, layer: int) -> None:
-        """Maybe sleep, then maybe raise InjectedFault; draws in a fixed order per call."""
+        """Maybe end the thread (the first thread_exits calls), maybe sleep, then maybe raise InjectedFault;
+        draws in a fixed order per call."""
         with self._lock:
+            if self._exits_left:
+                self._exits_left -= 1
+                raise InjectedThreadExit(f"injected CPU worker thread exit (layer {layer}; SCOUT_TEST_FAULTS)")
             delay = self._random.random() < self.plan.delay_probability
             fail = self._random.random() < self.plan.raise_probability
         if delay:

@@ -9,10 +9,17 @@ block lists were split, and reports the task to its handle.
                             ├─ item 1 ──> helper 1 inbox
                             └─ item T-1 ──> helper T-1 inbox
                    <── done queue ──┘
+
+A thread that ends on an error no task handler catches (its task is left
+undone: the caller's deadline covers it) logs why; the pool sees the group is
+no longer whole at its next submit, retires it and starts a new one
+(pool.py). A retired leader hands back whatever it takes from the shared queue
+and ends.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -30,6 +37,11 @@ if TYPE_CHECKING:
     from scout_sglang.cpu_worker.torch_kernel import TorchKernel
 
 STOP = None  # queue sentinel
+logger = logging.getLogger("scout_sglang.cpu_worker")
+
+
+class WorkerLost(RuntimeError):
+    """What a retired group's leader gets in place of the result of a helper thread that ended."""
 
 
 class ThreadGroup:
@@ -62,7 +74,10 @@ class ThreadGroup:
         cores: list[int] | None,
         started: queue.SimpleQueue,
         faults: FaultInjector | None = None,
+        generation: int = 0,
     ):
+        self.index = index
+        self._retired = threading.Event()
         self._kernel = kernel
         self._faults = faults
         self._tasks = tasks
@@ -71,14 +86,11 @@ class ThreadGroup:
         self._done = queue.SimpleQueue()
         self._partials: tuple[torch.Tensor, torch.Tensor] | None = None  # [T, Hq, D], [T, Hq] fp32
         cores = cores or [None] * num_threads
-        self.threads = [
-            threading.Thread(target=self._lead, args=(cores[0],), name=f"scout-cpu-attn-g{index}-t0", daemon=True)
-        ]
+        prefix = f"scout-cpu-attn-g{index}" + (f"r{generation}" if generation else "")
+        self.threads = [threading.Thread(target=self._lead, args=(cores[0],), name=f"{prefix}-t0", daemon=True)]
         for t, inbox in enumerate(self._inboxes, start=1):
             self.threads.append(
-                threading.Thread(
-                    target=self._help, args=(inbox, cores[t]), name=f"scout-cpu-attn-g{index}-t{t}", daemon=True
-                )
+                threading.Thread(target=self._help, args=(inbox, cores[t]), name=f"{prefix}-t{t}", daemon=True)
             )
 
     def start(self) -> None:
@@ -88,6 +100,19 @@ class ThreadGroup:
     def join(self) -> None:
         for thread in self.threads:
             thread.join()
+
+    def whole(self) -> bool:
+        """Whether every thread of the group is still running."""
+        return all(thread.is_alive() for thread in self.threads)
+
+    def retire(self) -> None:
+        """Stop using this group (a thread of it ended): its leader finishes what it holds, then ends; a leader
+        waiting on an ended helper gets WorkerLost for it."""
+        self._retired.set()
+        for thread, inbox in zip(self.threads[1:], self._inboxes):
+            inbox.put(STOP)
+            if not thread.is_alive():
+                self._done.put(WorkerLost(f"CPU attention worker thread {thread.name} ended"))
 
     # -- thread bodies --------------------------------------------------------
 
@@ -110,22 +135,31 @@ class ThreadGroup:
     def _lead(self, core: int | None) -> None:
         scratch = self._set_up(core)
         try:
-            while (task := self._tasks.get()) is not STOP:
-                handle, index = task
-                if handle.num_parts:
-                    self._run_part(handle, index, scratch)
-                    continue
-                try:
-                    if self._faults is not None:
-                        self._faults.before_work(handle.layer)
-                    self._run_task(handle, index, scratch)
-                except Exception as exc:  # noqa: BLE001 - surfaced by wait()
-                    handle._task_done(index, exc)
-                else:
-                    handle._task_done(index, None)
+            self._lead_loop(scratch)
+        except BaseException as exc:  # noqa: BLE001 - an error no task handler catches: the thread ends
+            logger.error("CPU attention worker thread %s ended (%r); its task is left to the caller's deadline, and "
+                         "the pool replaces the thread group at its next submit", threading.current_thread().name, exc)
         finally:
             for inbox in self._inboxes:
                 inbox.put(STOP)
+
+    def _lead_loop(self, scratch) -> None:
+        while (task := self._tasks.get()) is not STOP or self._retired.is_set():
+            if self._retired.is_set():  # a live group takes it (a STOP too: it is some live group's)
+                self._tasks.put(task)
+                return
+            handle, index = task
+            if handle.num_parts:
+                self._run_part(handle, index, scratch)
+                continue
+            try:
+                if self._faults is not None:
+                    self._faults.before_work(handle.layer)
+                self._run_task(handle, index, scratch)
+            except Exception as exc:  # noqa: BLE001 - surfaced by wait()
+                handle._task_done(index, exc)
+            else:
+                handle._task_done(index, None)
 
     def _help(self, inbox: queue.SimpleQueue, core: int | None) -> None:
         scratch = self._set_up(core)

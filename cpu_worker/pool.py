@@ -5,11 +5,14 @@ a batch (one decode token per sequence, the host KV of one layer, per-head
 block lists) and later waits; results land in the caller's out_o / out_lse,
 page-locked when CUDA is present (buffers.py) so the device side reads them
 without another copy. A pool owns num_groups x threads_per_group threads; a
-group works on one sequence at a time (group.py, partition.py).
+group works on one sequence at a time (group.py, partition.py). A group whose
+thread ended is replaced by a new one at the next submit, so one dead thread
+costs the tasks it held (their callers' deadlines cover them), not the pool.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -22,6 +25,8 @@ from scout_sglang.cpu_worker.dispatch import make_kernel, select_impl
 from scout_sglang.cpu_worker.errors import CpuAttentionError
 from scout_sglang.cpu_worker.faults import FaultInjector, FaultPlan
 from scout_sglang.cpu_worker.group import STOP, ThreadGroup
+
+logger = logging.getLogger("scout_sglang.cpu_worker")
 
 
 class CpuAttentionHandle:
@@ -118,7 +123,7 @@ class CpuAttentionPool:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        cores = _resolve_cores(pin_cores, num_groups * threads_per_group)
+        self._cores = _resolve_cores(pin_cores, num_groups * threads_per_group)
         self.impl = select_impl(impl)
         self.num_groups = num_groups
         self.threads_per_group = threads_per_group
@@ -126,26 +131,39 @@ class CpuAttentionPool:
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._injector = FaultInjector(faults) if faults is not None else None
+        self.replaced_groups = 0  # groups started in place of one whose thread ended
         started: queue.SimpleQueue = queue.SimpleQueue()
-        injector = FaultInjector(faults) if faults is not None else None
-        self._groups = [
-            ThreadGroup(
-                g,
-                threads_per_group,
-                self._kernel,
-                self._tasks,
-                None if cores is None else cores[g * threads_per_group : (g + 1) * threads_per_group],
-                started,
-                injector,
-            )
-            for g in range(num_groups)
-        ]
+        self._groups = [self._new_group(g, started) for g in range(num_groups)]
         for group in self._groups:
             group.start()
         errors = [e for e in (started.get() for _ in range(num_groups * threads_per_group)) if e is not None]
         if errors:
             self.shutdown()
             raise RuntimeError(f"CPU attention worker set-up failed: {errors[0]!r}") from errors[0]
+
+    def _new_group(self, g: int, started: queue.SimpleQueue, generation: int = 0) -> ThreadGroup:
+        per_group = self.threads_per_group
+        cores = None if self._cores is None else self._cores[g * per_group : (g + 1) * per_group]
+        return ThreadGroup(g, per_group, self._kernel, self._tasks, cores, started, self._injector, generation)
+
+    def _replace_broken_groups(self) -> None:
+        """Retire each group with a thread that ended and start a new one in its place (under the lock)."""
+        for g, group in enumerate(self._groups):
+            if group.whole():
+                continue
+            ended = [thread.name for thread in group.threads if not thread.is_alive()]
+            group.retire()
+            self.replaced_groups += 1
+            started: queue.SimpleQueue = queue.SimpleQueue()
+            replacement = self._new_group(g, started, generation=self.replaced_groups)
+            replacement.start()
+            errors = [e for e in (started.get() for _ in replacement.threads) if e is not None]
+            if errors:  # as at start-up: the pool cannot work without it
+                raise RuntimeError(f"CPU attention worker group {g} could not be replaced: {errors[0]!r}") from errors[0]
+            self._groups[g] = replacement
+            logger.warning("CPU attention worker thread(s) %s ended: thread group %d replaced (%d replacements so "
+                           "far)", ", ".join(ended), g, self.replaced_groups)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -203,6 +221,7 @@ class CpuAttentionPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("submit() on a CpuAttentionPool that was shut down")
+            self._replace_broken_groups()
             for b in range(handle.batch_size):
                 self._tasks.put((handle, b))
         return handle
@@ -241,6 +260,7 @@ class CpuAttentionPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("submit_batch() on a CpuAttentionPool that was shut down")
+            self._replace_broken_groups()
             if handle.batch_size:
                 for part in range(parts):
                     self._tasks.put((handle, part))

@@ -7,7 +7,9 @@ The others (OTHER_VARIABLES) are read here too, by the part that uses them:
 SCOUT_KV_POOL and SCOUT_HOST_KV_GIB (the server's KV pool), SCOUT_NATIVE_BUILD_DIR
 (where the native CPU kernel is built), SCOUT_LOG_LEVEL (the level of the
 `scout_sglang` loggers), SCOUT_CPU_DEADLINE_MS (when a layer stops waiting for its
-CPU part) and, for tests only, SCOUT_TEST_FAULTS with SCOUT_TEST_FAULTS_ALLOW.
+CPU part), the server's guards SCOUT_MAX_N (sequences one HTTP request may start) and
+SCOUT_DRAIN_S (how long SIGTERM lets requests finish) and, for tests only,
+SCOUT_TEST_FAULTS with SCOUT_TEST_FAULTS_ALLOW.
 Unknown SCOUT_* names and unparsable values are errors that name the variable
 and what it accepts: a typo must stop the server, not be ignored.
 """
@@ -31,8 +33,8 @@ CHOICES = {"mode": MODES, "recall_policy": RECALL_POLICIES, "cpu_impl": CPU_IMPL
 FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(ScoutConfig) if f.name != "extra"}
 # Variables of this prefix that belong to other parts of the project, not to ScoutConfig.
 OTHER_VARIABLES = frozenset({"SCOUT_CONFIG", "SCOUT_NATIVE_BUILD_DIR", "SCOUT_LOG_LEVEL", "SCOUT_KV_POOL",
-                             "SCOUT_HOST_KV_GIB", "SCOUT_CPU_DEADLINE_MS", "SCOUT_TEST_FAULTS",
-                             "SCOUT_TEST_FAULTS_ALLOW"})
+                             "SCOUT_HOST_KV_GIB", "SCOUT_CPU_DEADLINE_MS", "SCOUT_MAX_N", "SCOUT_DRAIN_S",
+                             "SCOUT_TEST_FAULTS", "SCOUT_TEST_FAULTS_ALLOW"})
 KV_POOLS = ("scout", "stock")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -207,9 +209,49 @@ def cpu_deadline_ms(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+# A request asking for n sequences costs n times the decode slots and host K/V of one; past this many, one
+# client could fill the server's request slots (--max-running-requests, 64 by default) by itself.
+DEFAULT_MAX_N = 16
+# Kubernetes sends SIGKILL 30 s after SIGTERM by default; 25 s of drain leaves the rest for the shutdown.
+DEFAULT_DRAIN_S = 25.0
+
+
+def max_n(environ: Mapping[str, str] | None = None) -> int:
+    """SCOUT_MAX_N: the most sequences one HTTP request may start (its `n` times its prompts); beyond it
+    the request gets HTTP 400 (default DEFAULT_MAX_N)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_MAX_N", "").strip()
+    if not text:
+        return DEFAULT_MAX_N
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"SCOUT_MAX_N={text!r} is not a whole number of sequences") from None
+    if value < 1:
+        raise ValueError(f"SCOUT_MAX_N={text!r} must be at least 1")
+    return value
+
+
+def drain_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """SCOUT_DRAIN_S: seconds after SIGTERM that unfinished requests may still finish before they are
+    aborted and the server exits (default DEFAULT_DRAIN_S)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get("SCOUT_DRAIN_S", "").strip()
+    if not text:
+        return DEFAULT_DRAIN_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"SCOUT_DRAIN_S={text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise ValueError(f"SCOUT_DRAIN_S={text!r} must be 0 or more")
+    return value
+
+
 def injected_faults(environ: Mapping[str, str] | None = None):
     """SCOUT_TEST_FAULTS (tests only): faults the CPU worker threads inject into their own work, e.g.
-    `cpu_raise:0.1,cpu_delay_ms:300,cpu_delay:0.1,seed:1` (cpu_worker/faults.py) -> FaultPlan, or None
+    `cpu_raise:0.1,cpu_delay_ms:300,cpu_delay:0.1,seed:1`, and requests whose engine state the backend drops,
+    `request_state:victim` (cpu_worker/faults.py) -> FaultPlan, or None
     when unset. Refused unless running under pytest (PYTEST_CURRENT_TEST is set) or SCOUT_TEST_FAULTS_ALLOW=1."""
     from scout_sglang.cpu_worker.faults import FaultPlan
 

@@ -66,11 +66,27 @@ OTHER_VARIABLE_DOCS = {
         "exactly, from the host store, and counts a `deadline` fallback. The default is about ten times the "
         "largest CPU part at the default preset on a 2-core host.",
     ),
+    "SCOUT_MAX_N": (
+        "`16`",
+        "a whole number, at least 1",
+        "The most sequences one HTTP request may start (its `n` times its prompts). `/v1/chat/completions`, "
+        "`/v1/completions` and `/generate` answer a request beyond it with HTTP 400 before anything streams "
+        "(SGLang 0.5.23 has no bound of its own: one request could hold every request slot).",
+    ),
+    "SCOUT_DRAIN_S": (
+        "`25`",
+        "a non-negative number of seconds",
+        "After SIGTERM, how long requests may still finish. Those still running then are aborted with HTTP 503 "
+        "\"server shutting down\" (a stream gets it as its finish reason), and the server exits with its CPU "
+        "worker threads joined. The default leaves 5 s of Kubernetes' 30 s grace period for the shutdown itself.",
+    ),
     "SCOUT_TEST_FAULTS": (
         "unset",
-        "`cpu_raise:P,cpu_delay:P,cpu_delay_ms:MS,seed:N` (P in [0, 1])",
-        "Tests only: the CPU worker threads raise, or sleep, before that share of their queue entries. Refused "
-        "outside pytest unless `SCOUT_TEST_FAULTS_ALLOW=1`.",
+        "`cpu_raise:P,cpu_delay:P,cpu_delay_ms:MS,cpu_thread_exits:N,request_state:TEXT,seed:N` (P in [0, 1])",
+        "Tests only: the CPU worker threads raise, or sleep, before that share of their queue entries; "
+        "`cpu_thread_exits:N` ends the threads that take the first N entries; `request_state:TEXT` drops, once, "
+        "the engine state of each request whose id contains TEXT. Refused outside pytest unless "
+        "`SCOUT_TEST_FAULTS_ALLOW=1`.",
     ),
     "SCOUT_TEST_FAULTS_ALLOW": (
         "unset",

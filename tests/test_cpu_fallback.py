@@ -1,6 +1,8 @@
 """The CPU part computed by the layer itself when its CPU task raises or misses its deadline: the same
 attention as the task's (against the reference), the same engine outputs as a run without faults, every
-fallback counted by cause, and a late task's staging buffers never handed to the next submit."""
+fallback counted by cause (once the worker failed cpu_health.FAILURES parts in a row, the rest are
+"device_only": it is given no more work), and a late task's staging buffers never handed to the next
+submit."""
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from scout_sglang import reference
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
 from scout_sglang.core.cpu_handoff import CpuHandoff
+from scout_sglang.core.cpu_health import FAILURES
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.cpu_worker.faults import FaultPlan, InjectedFault
@@ -82,7 +85,7 @@ def test_cpu_tasks_that_raise_cost_no_output_and_are_counted(driver_and_referenc
     counted = fallbacks(driver.telemetry, "error")
     assert 0 < counted <= CPU_LAYERS and fallbacks(driver.telemetry, "deadline") == 0
     if raise_probability == 1.0:
-        assert counted == CPU_LAYERS
+        assert counted == FAILURES and counted + fallbacks(driver.telemetry, "device_only") == CPU_LAYERS
 
 
 def test_cpu_tasks_past_their_deadline_cost_no_output_and_are_counted(driver_and_reference):
@@ -90,7 +93,9 @@ def test_cpu_tasks_past_their_deadline_cost_no_output_and_are_counted(driver_and
     engine = make_engine(cpu_faults=FaultPlan(delay_probability=1.0, delay_ms=60, seed=1), cpu_deadline_ms=5)
     outputs = driver.run(engine)
     torch.testing.assert_close(outputs, expected, **TOLERANCE[torch.float32])
-    assert fallbacks(driver.telemetry, "deadline") == CPU_LAYERS and fallbacks(driver.telemetry, "error") == 0
+    late = fallbacks(driver.telemetry, "deadline")
+    assert late == FAILURES and late + fallbacks(driver.telemetry, "device_only") == CPU_LAYERS
+    assert fallbacks(driver.telemetry, "error") == 0
     assert engine._handoff.replaced_buffer_sets > 0  # late tasks were still running at the next submit
 
 

@@ -55,3 +55,10 @@ def test_the_injector_raises_as_often_as_planned_and_repeats_with_its_seed():
 
     assert draws(1) == draws(1) != draws(2)
     assert 60 < sum(draws(1)) < 140
+
+
+def test_a_request_state_fault_names_requests_and_injects_nothing_into_the_cpu_worker():
+    plan = injected_faults({"SCOUT_TEST_FAULTS": "request_state:victim", "PYTEST_CURRENT_TEST": "x"})
+    assert plan.request_state == "victim" and not plan.cpu_faults
+    both = FaultPlan.parse("cpu_raise:0.1,request_state:victim-3")
+    assert both.request_state == "victim-3" and both.cpu_faults

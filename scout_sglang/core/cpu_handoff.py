@@ -13,6 +13,9 @@ A CPU part that fails, or is not done `deadline_s` after its submit, costs
 latency, never a token: the layer computes it itself from the same staged
 inputs and host store (cpu_fallback.py). A late task keeps running into its
 buffers; the layer's next submit takes a fresh set if it is still running.
+When most parts fail, the worker is given no work for a while (cpu_health.py):
+the staged part is computed by the layer at once ("device_only"), not after a
+deadline.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import NamedTuple
 import torch
 
 from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
+from scout_sglang.core.cpu_health import CpuWorkerHealth
 from scout_sglang.cpu_worker.errors import CpuAttentionError
 
 logger = logging.getLogger("scout_sglang.core")
-FALLBACK_CAUSES = ("error", "deadline")  # the task raised; the task was not done by its deadline
+# the task raised; the task was not done by its deadline; the worker was given no task (cpu_health.py)
+FALLBACK_CAUSES = ("error", "deadline", "device_only")
 LOG_INTERVAL_S = 10.0  # at most one fallback message per interval; it counts the ones not logged
 
 
@@ -38,6 +43,17 @@ class CpuResult(NamedTuple):
     lse: torch.Tensor  # [B, Hq] fp32 natural log, on the device
     waited_s: float  # time spent waiting for the task (the fallback's compute not included)
     fallback: str | None  # None: the task's result; else the cause (FALLBACK_CAUSES) and the layer computed it
+
+
+class StagedPart(NamedTuple):
+    """A CPU part staged but not handed to the worker (device-only), as the layer computes it."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    counts: torch.Tensor
+    scale: float
 
 
 class CpuHandoff:
@@ -53,13 +69,16 @@ class CpuHandoff:
     device : where the layers run
     deadline_s : seconds after its submit that a CPU part may take before the layer computes it itself
     impl : the sparse_decode implementation of that fallback (None: kernels' choice for the device)
+    health : when the worker is given work (default: a CpuWorkerHealth of its defaults)
     """
 
     def __init__(self, layers, *, max_batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, pool, device: torch.device, deadline_s: float, impl: str | None = None):
+                 dtype: torch.dtype, pool, device: torch.device, deadline_s: float, impl: str | None = None,
+                 health: CpuWorkerHealth | None = None):
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.pool, self.device, self.deadline_s, self.impl = pool, device, deadline_s, impl
+        self.health = health or CpuWorkerHealth()
         self._buffer_shapes = {  # name -> (shape after the batch dimension, dtype)
             "q": ((num_qo_heads, head_dim), dtype),  # [Bmax, Hq, D]
             "pages": ((num_kv_heads, capacity), torch.int32),  # [Bmax, Hkv, C] host pages
@@ -96,6 +115,9 @@ class CpuHandoff:
         q_in.copy_(q, non_blocking=True)
         pages_in.copy_(pages, non_blocking=True)
         counts_in.copy_(counts, non_blocking=True)
+        if not self.health.use_worker():
+            self._in_flight[layer] = (StagedPart(q_in, host_k, host_v, pages_in, counts_in, scale), time.perf_counter())
+            return
         ready = None
         if self.device.type == "cuda":
             ready = torch.cuda.Event()
@@ -112,6 +134,10 @@ class CpuHandoff:
         """The layer's CPU part: the task's result, or the layer's own when the task failed or is not done by
         its deadline (the task is then left to finish into buffers nobody reads)."""
         handle, submitted = self._in_flight.pop(layer)
+        if isinstance(handle, StagedPart):
+            o, lse = attend_listed_host_blocks(handle.q, handle.k_cache, handle.v_cache, handle.block_table,
+                                               handle.counts, scale=handle.scale, device=self.device, impl=self.impl)
+            return CpuResult(o, lse, 0.0, "device_only")
         start = time.perf_counter()
         cause = None
         try:
@@ -122,6 +148,7 @@ class CpuHandoff:
         except CpuAttentionError as error:
             cause, detail = "error", error
         waited = time.perf_counter() - start
+        self.health.record(cause is not None, cause)
         batch_size = handle.batch_size
         if cause is None:
             o = self.out_o[layer][:batch_size].to(self.device, non_blocking=True)
@@ -138,6 +165,8 @@ class CpuHandoff:
         its deadline; one not done by then is left late (its buffers are replaced before reuse)."""
         for layer in list(self._in_flight):
             handle, submitted = self._in_flight.pop(layer)
+            if isinstance(handle, StagedPart):
+                continue
             try:
                 self.pool.wait(handle, timeout=max(0.0, submitted + self.deadline_s - time.perf_counter()))
             except TimeoutError:

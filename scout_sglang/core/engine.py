@@ -107,12 +107,13 @@ class CoAttentionEngine:
     cpu_deadline_ms : how long after its submit a layer waits for its CPU part before computing it itself
         (exactly, from the host store: cpu_handoff.py); the server passes SCOUT_CPU_DEADLINE_MS
     cpu_faults : a cpu_worker.faults.FaultPlan for the pool this engine creates (tests only; None: no faults)
+    cpu_health : when the CPU worker is given work (cpu_health.CpuWorkerHealth; None: one of its defaults)
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
                  cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
-                 cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None):
+                 cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -149,7 +150,8 @@ class CoAttentionEngine:
             self._handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
                                        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
                                        capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool,
-                                       device=self.device, deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl)
+                                       device=self.device, deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl,
+                                       health=cpu_health)
         self._offloaded_index = {layer: i for i, layer in enumerate(self.offloaded_layers)}
         self._selects = [l for l in self.offloaded_layers] + (
             [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])
@@ -208,6 +210,15 @@ class CoAttentionEngine:
         if self.offloaded_layers:
             self.offloaded.release(rid, state.slot)
         self._free_slots.append(state.slot)
+
+    def cpu_worker_state(self) -> dict | None:
+        """The CPU worker's health (cpu_health.py): whether decoding is device-only now, how often it went
+        device-only, and the pool's thread groups replaced after a thread ended; None without a CPU part."""
+        if self._handoff is None:
+            return None
+        health = self._handoff.health
+        return {"device_only": health.device_only, "device_only_switches": health.switches,
+                "replaced_thread_groups": getattr(self.cpu_pool, "replaced_groups", 0)}
 
     def usage(self) -> dict:
         """Pages in use, for leak checks and metrics."""

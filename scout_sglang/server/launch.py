@@ -3,7 +3,11 @@ on a free loopback port, and stop it with its whole process group.
 
 On the CPU it adds `--device cpu --sleep-on-idle` and SGLANG_USE_CPU_ENGINE=1
 (SGLang's CPU server path); on CUDA it adds nothing: decode CUDA graphs stay on
-(the scout backend asks SGLang for breakable ones)."""
+(the scout backend asks SGLang for breakable ones).
+
+A scout server stops on SIGTERM within SCOUT_DRAIN_S (default 25 s) plus its
+shutdown (sglang_adapter/guards.py): the stop below waits that long, plus
+STOP_MARGIN_S, before it kills the process group."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import time
 import urllib.request
 
 STARTUP_TIMEOUT_S = 240
+STOP_MARGIN_S = 10
 DEVICE_ARGS = {"cpu": ("--device", "cpu", "--sleep-on-idle"), "cuda": ()}  # CUDA: decode graphs on (breakable)
 
 
@@ -29,6 +34,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def launched_server(model_path, *args: str, env: dict | None = None, log_path=None, device: str = "cpu"):
     """Yields the base URL of a running server; raises with the log tail if it fails to start."""
+    with launched_process(model_path, *args, env=env, log_path=log_path, device=device) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def launched_process(model_path, *args: str, env: dict | None = None, log_path=None, device: str = "cpu"):
+    """Yields (base URL, the server's main process: the leader of its own process group)."""
+    from scout_sglang.env import drain_seconds
+
     port = free_port()
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
                "--host", "127.0.0.1", "--port", str(port), *DEVICE_ARGS[device], *args]
@@ -52,12 +66,12 @@ def launched_server(model_path, *args: str, env: dict | None = None, log_path=No
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{tail(log_path)}")
             time.sleep(1)
-        yield base
+        yield base, process
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=drain_seconds(environment) + STOP_MARGIN_S)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()

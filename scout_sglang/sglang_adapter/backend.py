@@ -16,6 +16,7 @@ its selection and CPU attention start one layer early (layer_ahead.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -23,7 +24,14 @@ import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.env import config_from_env, cpu_deadline_ms, injected_faults, pool_settings_from_env
+from scout_sglang.env import (
+    config_from_env,
+    cpu_deadline_ms,
+    drain_seconds,
+    injected_faults,
+    max_n,
+    pool_settings_from_env,
+)
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
 from scout_sglang.sglang_adapter.graph_breaks import (
@@ -34,6 +42,7 @@ from scout_sglang.sglang_adapter.graph_breaks import (
 from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
+from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
 METRICS_INTERVAL_S = 0.5  # the longest /metrics lags the steps; a request's release always updates it
@@ -72,6 +81,22 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
     return reasons
 
 
+def stops_the_server(what: str):
+    """Decorates a backend entry point: an exception escaping it concerns no single request (those are given
+    up alone: request_failures.py), so SGLang's scheduler will stop the server; say first what failed."""
+    def decorate(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:
+                logger.critical("scout: the attention backend failed while %s and cannot go on, so the server stops "
+                                "(%s: %s)", what, type(error).__name__, error)
+                raise
+        return wrapper
+    return decorate
+
+
 def stock_backend(model_runner):
     """The backend that runs prefill: torch_native on CPU, triton on CUDA."""
     if model_runner.device == "cpu" or str(model_runner.device).startswith("cpu"):
@@ -89,6 +114,7 @@ class ScoutAttnBackend:
 
     def __init__(self, model_runner):
         self.config = config_from_env()
+        max_n(), drain_seconds()  # read by the HTTP front (guards.py): a bad value stops the server here
         reasons = unsupported_reasons(model_runner, self.config)
         if reasons:
             raise RuntimeError("the scout attention backend cannot run this server:\n  - " + "\n  - ".join(reasons))
@@ -127,11 +153,13 @@ class ScoutAttnBackend:
         context = min(model_runner.model_config.context_len, logical_tokens)
         faults = injected_faults()
         if faults is not None:
-            logger.warning("scout: SCOUT_TEST_FAULTS injects faults into the CPU attention worker: %s", faults)
+            logger.warning("scout: SCOUT_TEST_FAULTS injects faults: %s", faults)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
                                         total_pages=total_pages, track_changes=False,
-                                        cpu_deadline_ms=cpu_deadline_ms(), cpu_faults=faults)
+                                        cpu_deadline_ms=cpu_deadline_ms(),
+                                        cpu_faults=faults if faults is not None and faults.cpu_faults else None)
+        self.failures = RequestFailures(faults.request_state if faults is not None else None)
         self.last_telemetry = None
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}
@@ -147,6 +175,7 @@ class ScoutAttnBackend:
         self._metrics_updated = float("-inf")  # time.monotonic() of the last metrics update at a step's end
 
     # -- AttentionBackend interface -------------------------------------------
+    @stops_the_server("planning a forward")
     def init_forward_metadata(self, forward_batch):
         if self.inner is not None:
             self.inner.init_forward_metadata(forward_batch)
@@ -169,6 +198,7 @@ class ScoutAttnBackend:
         if str(self.device).startswith("cuda"):
             use_breakable_decode_graphs()
 
+    @stops_the_server("planning a decode graph's replay")
     def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
         """Host-side planning of a graph step: at capture the batch is a dummy (nothing to plan); on replay
         `forward_batch` is SGLang's replay view, padded to the captured size: the step is planned for its
@@ -188,6 +218,7 @@ class ScoutAttnBackend:
         """Nothing: a step's metadata is the engine's plan, built out of the graph (an inner stock backend
         runs prefill only, which decode graphs never capture)."""
 
+    @stops_the_server("computing a layer's attention")
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if forward_batch.forward_mode.is_decode():
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache)
@@ -287,11 +318,20 @@ class ScoutAttnBackend:
     def report(self) -> dict:
         """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
         report = self.stats.report(self.engine.usage())
+        report["request_failures"] = dict(self.failures.counts)
+        report["cpu_worker"] = self.engine.cpu_worker_state()
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size)
         return report
 
+    def close(self) -> None:
+        """The server exits: stop and join the engine's CPU worker threads (idempotent)."""
+        threads = len(self.engine.cpu_pool.threads) if self.engine.cpu_pool is not None else 0
+        self.engine.close()
+        logger.info("scout: engine closed, %d CPU worker threads joined", threads)
+
     def release(self, req_pool_idx: int) -> None:
+        self.failures.given_up.discard(req_pool_idx)
         if req_pool_idx in self.engine.requests:
             self.stats.released_requests += 1
         self.engine.release_request(req_pool_idx)
@@ -305,12 +345,16 @@ class ScoutAttnBackend:
         self._graph_rows = rows
         rids = _host_list(forward_batch, "req_pool_indices")[:rows]
         seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
-        for rid, seq_len in zip(rids, seq_lens):
+        request_ids = (getattr(forward_batch, "rids", None) or [None] * rows)[:rows]
+        self.failures.inject(self.engine, rids, request_ids)
+        for rid, seq_len, request_id in zip(rids, seq_lens, request_ids):
             known = self.engine.requests.get(rid)
             if self.layout == "logical" and (known is None or known.num_tokens != seq_len - 1):
-                raise RuntimeError(f"request slot {rid} decodes at token {seq_len - 1}, but the scout engine holds "
-                                   f"{known.num_tokens if known else 'no'} tokens of it: its K/V is nowhere else "
-                                   "with the scout KV pool")
+                self._give_up(rid, request_id, "decode",
+                              f"request slot {rid} decodes at token {seq_len - 1}, but the scout engine holds "
+                              f"{known.num_tokens if known else 'no'} tokens of it: its K/V is nowhere else with "
+                              "the scout KV pool")
+                continue
             if known is not None and known.num_tokens != seq_len - 1:
                 logger.warning("request slot %d changed owner or was retracted (%d tokens known, %d in the batch): "
                                "rebuilding its state", rid, known.num_tokens, seq_len - 1)
@@ -320,11 +364,23 @@ class ScoutAttnBackend:
                 self._admit(rid, seq_len - 1)
         self.engine.begin_step(rids)
 
+    def _give_up(self, slot: int, request_id: str | None, stage: str, message: str) -> None:
+        """The request in `slot` cannot go on (request_failures.py): free its engine state, put an empty
+        stand-in in its row for this step, and leave its abort to the scheduler hook."""
+        self.failures.fail(slot, request_id, stage, message)
+        self.engine.release_request(slot)
+        self.engine.add_request(slot)
+
     def _begin_extend(self, forward_batch) -> None:
-        """Admit the requests whose prefill starts; check that continued chunks continue what the engine holds."""
+        """Admit the requests whose prefill starts; check that continued chunks continue what the engine holds
+        (a chunk that does not is given up, and computed over itself alone)."""
         rids = _host_list(forward_batch, "req_pool_indices")
-        prefixes, lengths = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
-        for rid, prefix in zip(rids, prefixes):
+        prefixes, lengths = list(forward_batch.extend_prefix_lens_cpu), forward_batch.extend_seq_lens_cpu
+        request_ids = getattr(forward_batch, "rids", None) or [None] * len(rids)
+        continued = [row for row, prefix in enumerate(prefixes) if prefix]
+        self.failures.inject(self.engine, [rids[row] for row in continued], [request_ids[row] for row in continued],
+                             continued_chunks=True)
+        for row, (rid, prefix) in enumerate(zip(rids, prefixes)):
             known = self.engine.requests.get(rid)
             if prefix == 0:
                 if known is not None:
@@ -334,8 +390,10 @@ class ScoutAttnBackend:
                 self.engine.add_request(rid)
                 self.stats.admitted_requests += 1
             elif known is None or known.num_tokens != prefix:
-                raise RuntimeError(f"request slot {rid} continues a prefill at token {prefix}, but the scout engine "
-                                   f"holds {known.num_tokens if known else 'no'} tokens of it")
+                self._give_up(rid, request_ids[row], "prefill",
+                              f"request slot {rid} continues a prefill at token {prefix}, but the scout engine "
+                              f"holds {known.num_tokens if known else 'no'} tokens of it")
+                prefixes[row] = 0
         self._extend_plan = list(zip(rids, prefixes, lengths))
 
     def _admit(self, rid: int, num_tokens: int) -> None:

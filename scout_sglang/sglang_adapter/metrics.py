@@ -5,7 +5,11 @@ collects the other processes' metrics through prometheus_client's
 multiprocess directory; gauges made here, in the scheduler process, appear
 there as scout_* next to sglang:*. `scout_cpu_fallbacks_total{cause}` is a
 counter: the layers whose CPU part was computed by the layer itself, because
-the CPU task raised ("error") or missed its deadline ("deadline").
+the CPU task raised ("error") or missed its deadline ("deadline"), or the
+worker, failing too often, was given no task ("device_only", cpu_health.py);
+`scout_request_failures_total{stage}` counts the requests aborted alone because
+their state was inconsistent, found in their "prefill" or "decode"
+(request_failures.py).
 """
 
 from __future__ import annotations
@@ -27,11 +31,20 @@ GAUGES = {
     "scout_recalled_blocks": ("blocks recalled into resident buffers since start-up", ("recalled_blocks",)),
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
+    "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "
+                              "its CPU part itself, else 0", ("cpu_worker", "device_only")),
+    "scout_cpu_device_only_switches": ("times decoding went device-only since start-up",
+                                       ("cpu_worker", "device_only_switches")),
+    "scout_cpu_worker_replaced_groups": ("CPU worker thread groups replaced after a thread ended",
+                                         ("cpu_worker", "replaced_thread_groups")),
 }
 # Counters by label: name -> (help, label, path in the report to a {label value: running total} dict).
 COUNTERS = {
-    "scout_cpu_fallbacks": ("layers whose CPU part the layer computed itself, by cause (error, deadline)", "cause",
+    "scout_cpu_fallbacks": ("layers whose CPU part the layer computed itself, by cause (error, deadline, "
+                            "device_only)", "cause",
                             ("cpu_fallbacks",)),
+    "scout_request_failures": ("requests aborted alone because their state was inconsistent, by stage (prefill, "
+                               "decode)", "stage", ("request_failures",)),
 }
 
 _GAUGES: dict = {}  # one set per process: prometheus refuses a second metric of the same name

@@ -7,9 +7,13 @@ the version message when (and only when) `scout` is selected; a bad
 SCOUT_LOG_LEVEL (applied to the `scout_sglang` loggers here) stops it the same
 way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
-request release (finish, abort, retraction) and an AFTER hook that adds the
+request release (finish, abort, retraction), an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
-"internal_states"[i]["scout"]).
+"internal_states"[i]["scout"]), an AFTER hook on the scheduler's release of host
+resources at a graceful exit (each backend's engine closed: its CPU worker
+threads joined), an AFTER hook on the scheduler's run_batch that aborts the
+requests a backend gave up on in that forward (request_failures.py), and the
+HTTP front's guards (guards.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ BACKEND_NAME = "scout"
 RELEASE_TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
 STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                 "SchedulerInternalStateController.get_internal_state")
+EXIT_TARGET = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"
+RUN_BATCH_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 LIVE_BACKENDS: weakref.WeakSet = weakref.WeakSet()  # backends of this process, freed on request release
 _registered = False
 _settings_problem: str | None = None  # a bad setting seen by register(), raised when `scout` is selected
@@ -57,11 +63,17 @@ def register() -> None:
     if version_problem() is None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from scout_sglang.sglang_adapter import kv_pool
+        from scout_sglang.sglang_adapter import guards, kv_pool
 
         HookRegistry.register(kv_pool.TARGET, kv_pool.configure_around, HookType.AROUND)
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
         HookRegistry.register(STATE_TARGET, _add_statistics, HookType.AFTER)
+        HookRegistry.register(EXIT_TARGET, _close_backends, HookType.AFTER)
+        HookRegistry.register(RUN_BATCH_TARGET, _abort_failed_requests, HookType.AFTER)
+        HookRegistry.register(guards.CHAT_VALIDATE_TARGET, guards.check_chat, HookType.AFTER)
+        HookRegistry.register(guards.COMPLETION_VALIDATE_TARGET, guards.check_completion, HookType.AFTER)
+        HookRegistry.register(guards.GENERATE_TARGET, guards.check_generate, HookType.AROUND)
+        HookRegistry.register(guards.DRAIN_TARGET, guards.bounded_drain, HookType.AROUND)
 
 
 def create_backend(model_runner):
@@ -83,6 +95,28 @@ def _before_release(*args, **kwargs):
     if index is not None:
         for backend in list(LIVE_BACKENDS):
             backend.release(int(index))
+    return None
+
+
+def _abort_failed_requests(result, scheduler, *args, **kwargs):
+    """After a forward (Scheduler.run_batch(batch, ...)): the requests a backend of this process gave up on
+    finish with an abort."""
+    batch = args[0] if args else kwargs.get("batch")
+    failures = {}
+    for backend in list(LIVE_BACKENDS):
+        failures.update(backend.failures.take())
+    if failures:
+        from scout_sglang.sglang_adapter.request_failures import abort_failed_requests
+
+        abort_failed_requests(scheduler, batch.reqs, failures)
+    return None
+
+
+def _close_backends(result, *args, **kwargs):
+    """The scheduler exits gracefully: close every backend's engine (its CPU worker threads finish their
+    queue and are joined) before the process ends."""
+    for backend in list(LIVE_BACKENDS):
+        backend.close()
     return None
 
 

@@ -35,33 +35,48 @@ def launched_server(model_path, *args: str, env: dict | None = None, log_path=No
     environment = dict(os.environ, **(env or {}))
     if device == "cpu":
         environment["SGLANG_USE_CPU_ENGINE"] = "1"
-    log = open(log_path, "w+") if log_path else open(os.devnull, "w+")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    with launched_process(command, base + "/health", env=environment, log_path=log_path, what="server"):
+        yield base
+
+
+@contextlib.contextmanager
+def launched_process(command: list[str], health_url: str, *, env: dict, log_path=None, what: str = "server"):
+    """Starts `command` in its own process group, waits until `health_url` answers 200, and on exit stops the
+    whole group (SIGTERM, then SIGKILL after 30 s), so no child process outlives it."""
+    log = open(log_path, "w+") if log_path else open(os.devnull, "w+")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode} during start-up:\n{tail(log_path)}")
+                raise RuntimeError(f"{what} exited with {process.returncode} during start-up:\n{tail(log_path)}")
             try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                with urllib.request.urlopen(health_url, timeout=2) as response:
                     if response.status == 200:
                         break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{tail(log_path)}")
+                raise TimeoutError(f"{what} not healthy after {STARTUP_TIMEOUT_S} s:\n{tail(log_path)}")
             time.sleep(1)
-        yield base
+        yield process
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
         log.close()
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group, SIGKILL to what is left of it after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):  # children that outlived the leader
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def tail(log_path, lines: int = 40) -> str:

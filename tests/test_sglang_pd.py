@@ -7,6 +7,7 @@ transfer backend (no K/V moved) does not answer them all."""
 
 import concurrent.futures
 import importlib.util
+import urllib.request
 
 import pytest
 from support import requires_sglang
@@ -69,6 +70,9 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
         before = scout_stats(urls.decode)
         through_pd = served_tokens(urls.router, samples)
         after = scout_stats(urls.decode)
+    for url in (urls.router, urls.prefill, urls.decode):  # the launcher stopped all three
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5)
     assert [answer(tokens) for tokens in through_pd] == reference_answers
     assert all(words[-1] == "." for words in reference_answers)  # the reference found each needle
     assert after["admitted_requests"] - before["admitted_requests"] == len(samples)

@@ -16,6 +16,17 @@ echo "[serving] installing sglang 0.5.23 (no dependencies) and its CPU server im
 "${PIP[@]}" --no-deps sglang==0.5.23 torchvision==0.28.0 xgrammar==0.2.7
 "${PIP[@]}" -r scripts/serving-requirements.txt
 
+# The Mooncake transfer engine (PD disaggregation) loads libibverbs even when it moves K/V over TCP.
+if ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
+  echo "[serving] libibverbs1 present"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "[serving] installing libibverbs1 (Mooncake transfer engine, PD disaggregation)"
+  apt-get install -y -q libibverbs1 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; }
+else
+  echo "[serving] WARNING: libibverbs1 is missing and cannot be installed here (needs apt-get as root):"
+  echo "[serving]   install it with your system's package manager, or the PD test (tests/test_sglang_pd.py) is skipped"
+fi
+
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "[serving] NVIDIA GPU present: not installing the CPU stand-ins"
 else
@@ -24,5 +35,8 @@ else
   rm -rf "$site/sgl_kernel"
   cp -r cpu_serving/sgl_kernel "$site/"
   cp cpu_serving/scout_cpu_serving_shims.py cpu_serving/scout_cpu_serving_shims.pth "$site/"
+  cp cpu_serving/scout_cpu_serving_pd.py cpu_serving/scout_cpu_serving_pd.pth "$site/"
+  echo "[serving] CPU-only machine: installing the non-CUDA Mooncake transfer engine (PD over TCP)"
+  "${PIP[@]}" mooncake-transfer-engine-non-cuda==0.3.13.post1
 fi
 SGLANG_USE_CPU_ENGINE=1 "$PY" -P -c "import sglang; from sglang.srt.entrypoints import http_server; print('[serving] sglang', sglang.__version__, 'imports')" 2>&1 | grep '^\[serving\]'

@@ -1,7 +1,13 @@
 """The reproducible CPU serving environment: a stock SGLang server (torch_native
 attention) serves a locally built model through the OpenAI API and /generate."""
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
+import torch
 from support import requires_sglang
 
 from scout_sglang.hf.tiny_models import save_tiny_model
@@ -38,3 +44,15 @@ def test_completion_and_generate_agree_greedily(stock_server):
     completion = post_json(stock_server + "/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 6, "temperature": 0})
     generated = post_json(stock_server + "/generate", {"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     assert completion["choices"][0]["text"] == generated["text"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mooncake") is None, reason="Mooncake transfer engine not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in is installed on CPU-only machines only")
+def test_the_mooncake_sender_takes_its_plain_path_on_a_cpu_only_machine():
+    """The stand-in of cpu_serving/scout_cpu_serving_pd.py: without it a CPU-only prefill server fails at its
+    first K/V send (it would pin host memory, which needs an accelerator)."""
+    code = ("from sglang.srt.disaggregation.mooncake.conn import MooncakeKVSender; "
+            "print(MooncakeKVSender.supports_host_tensor_indices)")
+    result = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, SGLANG_USE_CPU_ENGINE="1"))
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stderr[-2000:]

@@ -25,6 +25,15 @@ def args(backend="scout", prefill=None, decode=None, mode="null", radix_off=True
 SCOUT = PoolSettings()
 
 
+def test_a_pd_instance_refuses_the_nixl_transfer_backend():
+    """NIXL would register the scout pool's host K/V as device memory; Mooncake (tested end to end) is fine."""
+    nixl = pool_problems(args(mode="decode", disaggregation_transfer_backend="nixl"))
+    assert nixl == ["the NIXL transfer backend (it registers the scout pool's host K/V as device memory): "
+                    "use --disaggregation-transfer-backend mooncake"]
+    assert pool_problems(args(mode="decode", disaggregation_transfer_backend="mooncake")) == []
+    assert pool_problems(args(mode="null", disaggregation_transfer_backend="nixl")) == []  # no PD: not used
+
+
 def test_layout_follows_who_runs_prefill():
     assert pool_layout(args(), "cuda", False, SCOUT) == "logical"
     assert pool_layout(args(mode="decode"), "cuda", False, SCOUT) == "arrival"

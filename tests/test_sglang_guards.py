@@ -18,7 +18,7 @@ from support import requires_sglang
 
 from scout_sglang.hf.tiny_models import save_tiny_model
 from scout_sglang.server.client import post, post_json, scout_stats
-from scout_sglang.server.launch import launched_process, launched_server
+from scout_sglang.server.launch import launched_server, launched_server_process
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
@@ -108,7 +108,7 @@ def test_sigterm_with_sixteen_requests_in_flight_drains_aborts_and_exits_in_time
     prompts = random_prompts([40 + 7 * i for i in range(16)], vocab=VOCAB, seed=5)
     short, long = 8, 3000  # two requests finish inside the drain, fourteen cannot
     log = tmp_path / "drain.log"
-    with launched_process(model_dir, *ARGS, env=SCOUT_ENV | {"SCOUT_DRAIN_S": str(DRAIN_S)},
+    with launched_server_process(model_dir, *ARGS, env=SCOUT_ENV | {"SCOUT_DRAIN_S": str(DRAIN_S)},
                           log_path=log) as (base, process):
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             futures = []

@@ -72,6 +72,11 @@ def pool_problems(server_args) -> list[str]:
         problems.append("--enable-hierarchical-cache (the scout pool already keeps K/V in host memory): remove it")
     if getattr(server_args, "dcp_size", 1) not in (None, 1) or getattr(server_args, "attn_cp_size", 1) not in (None, 1):
         problems.append("decode context parallelism: run without it")
+    if getattr(server_args, "disaggregation_mode", "null") in ("prefill", "decode") and \
+            getattr(server_args, "disaggregation_transfer_backend", None) == "nixl":
+        # SGLang registers every K/V buffer with NIXL as device (VRAM) memory; the scout pool's is host memory.
+        problems.append("the NIXL transfer backend (it registers the scout pool's host K/V as device memory): "
+                        "use --disaggregation-transfer-backend mooncake")
     return problems
 
 

@@ -145,16 +145,24 @@ def pool_settings_from_env(environ: Mapping[str, str] | None = None) -> PoolSett
     kv_pool = environ.get("SCOUT_KV_POOL", "scout").strip()
     if kv_pool not in KV_POOLS:
         raise ValueError(f"SCOUT_KV_POOL={kv_pool!r} is not accepted; accepted values: {', '.join(KV_POOLS)}")
-    text = environ.get("SCOUT_HOST_KV_GIB", "").strip()
-    host_kv_gib = None
-    if text:
-        try:
-            host_kv_gib = float(text)
-        except ValueError:
-            raise ValueError(f"SCOUT_HOST_KV_GIB={text!r} is not a number of GiB") from None
-        if not host_kv_gib > 0:
-            raise ValueError(f"SCOUT_HOST_KV_GIB={text!r} must be positive")
+    host_kv_gib = _number(environ, "SCOUT_HOST_KV_GIB", None, float, "a number of GiB", lambda v: v > 0,
+                          "must be positive")
     return PoolSettings(kv_pool, host_kv_gib)
+
+
+def _number(environ: Mapping[str, str], name: str, default, parse, unit: str, valid, rule: str):
+    """A numeric setting: `default` when unset; refused, naming the variable, when `parse` fails
+    ("is not <unit>") or `valid` does not hold ("<rule>")."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = parse(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not {unit}") from None
+    if not valid(value):
+        raise ValueError(f"{name}={text!r} {rule}")
+    return value
 
 
 def native_build_dir(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -196,17 +204,8 @@ DEFAULT_CPU_DEADLINE_MS = 1000.0
 def cpu_deadline_ms(environ: Mapping[str, str] | None = None) -> float:
     """SCOUT_CPU_DEADLINE_MS: milliseconds after its submit that a layer waits for its CPU part before
     computing it itself from the host store (default DEFAULT_CPU_DEADLINE_MS)."""
-    environ = os.environ if environ is None else environ
-    text = environ.get("SCOUT_CPU_DEADLINE_MS", "").strip()
-    if not text:
-        return DEFAULT_CPU_DEADLINE_MS
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"SCOUT_CPU_DEADLINE_MS={text!r} is not a number of milliseconds") from None
-    if not value > 0:
-        raise ValueError(f"SCOUT_CPU_DEADLINE_MS={text!r} must be positive")
-    return value
+    return _number(os.environ if environ is None else environ, "SCOUT_CPU_DEADLINE_MS", DEFAULT_CPU_DEADLINE_MS,
+                   float, "a number of milliseconds", lambda v: v > 0, "must be positive")
 
 
 # A request asking for n sequences costs n times the decode slots and host K/V of one; past this many, one
@@ -219,33 +218,15 @@ DEFAULT_DRAIN_S = 25.0
 def max_n(environ: Mapping[str, str] | None = None) -> int:
     """SCOUT_MAX_N: the most sequences one HTTP request may start (its `n` times its prompts); beyond it
     the request gets HTTP 400 (default DEFAULT_MAX_N)."""
-    environ = os.environ if environ is None else environ
-    text = environ.get("SCOUT_MAX_N", "").strip()
-    if not text:
-        return DEFAULT_MAX_N
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"SCOUT_MAX_N={text!r} is not a whole number of sequences") from None
-    if value < 1:
-        raise ValueError(f"SCOUT_MAX_N={text!r} must be at least 1")
-    return value
+    return _number(os.environ if environ is None else environ, "SCOUT_MAX_N", DEFAULT_MAX_N, int,
+                   "a whole number of sequences", lambda v: v >= 1, "must be at least 1")
 
 
 def drain_seconds(environ: Mapping[str, str] | None = None) -> float:
     """SCOUT_DRAIN_S: seconds after SIGTERM that unfinished requests may still finish before they are
     aborted and the server exits (default DEFAULT_DRAIN_S)."""
-    environ = os.environ if environ is None else environ
-    text = environ.get("SCOUT_DRAIN_S", "").strip()
-    if not text:
-        return DEFAULT_DRAIN_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"SCOUT_DRAIN_S={text!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise ValueError(f"SCOUT_DRAIN_S={text!r} must be 0 or more")
-    return value
+    return _number(os.environ if environ is None else environ, "SCOUT_DRAIN_S", DEFAULT_DRAIN_S, float,
+                   "a number of seconds", lambda v: v >= 0, "must be 0 or more")
 
 
 def injected_faults(environ: Mapping[str, str] | None = None):

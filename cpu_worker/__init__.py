@@ -12,6 +12,7 @@ digest -> select -> device part / CPU part (this package) -> merge. Module map:
     buffers.py       alloc_output_buffers (pinned when CUDA is present)
     errors.py        CpuAttentionError
     faults.py        FaultPlan: test-only faults injected into the worker threads
+    cpu_sets.py      CPU lists, the host's core topology, one rank's share of the CPUs
 
 Importing this package starts no threads and compiles nothing.
 """

@@ -57,8 +57,8 @@ class ThreadGroup:
     tasks : queue.SimpleQueue
         The pool's queue of (handle, batch_index) tasks, or (handle, part) for a
         submit_batch (handle.num_parts > 0); STOP ends the leader.
-    cores : list of int or None
-        One CPU per thread to pin to, or None.
+    cores : list of frozenset of int, or None
+        The CPUs each thread may run on (one CPU: pinned), or None: the process's.
     started : queue.SimpleQueue
         Each thread puts None (ready) or the exception that stopped its set-up.
     faults : FaultInjector or None
@@ -71,7 +71,7 @@ class ThreadGroup:
         num_threads: int,
         kernel: NativeKernel | TorchKernel,
         tasks: queue.SimpleQueue,
-        cores: list[int] | None,
+        cores: list[frozenset[int]] | None,
         started: queue.SimpleQueue,
         faults: FaultInjector | None = None,
         generation: int = 0,
@@ -116,11 +116,11 @@ class ThreadGroup:
 
     # -- thread bodies --------------------------------------------------------
 
-    def _set_up(self, core: int | None) -> object | None:
-        """Pin the calling thread and make its scratch; report to `started`."""
+    def _set_up(self, cpus: frozenset[int] | None) -> object | None:
+        """Bind the calling thread to its CPUs and make its scratch; report to `started`."""
         try:
-            if core is not None:
-                os.sched_setaffinity(0, {core})  # 0 = the calling thread on Linux
+            if cpus is not None:
+                os.sched_setaffinity(0, cpus)  # 0 = the calling thread on Linux
             if self._kernel.name == "torch":
                 # torch ops inside a task must not fan out to torch's own pool:
                 # the pool's threads are the parallelism.
@@ -132,8 +132,8 @@ class ThreadGroup:
         self._started.put(None)
         return scratch
 
-    def _lead(self, core: int | None) -> None:
-        scratch = self._set_up(core)
+    def _lead(self, cpus: frozenset[int] | None) -> None:
+        scratch = self._set_up(cpus)
         try:
             self._lead_loop(scratch)
         except BaseException as exc:  # noqa: BLE001 - an error no task handler catches: the thread ends
@@ -161,8 +161,8 @@ class ThreadGroup:
             else:
                 handle._task_done(index, None)
 
-    def _help(self, inbox: queue.SimpleQueue, core: int | None) -> None:
-        scratch = self._set_up(core)
+    def _help(self, inbox: queue.SimpleQueue, cpus: frozenset[int] | None) -> None:
+        scratch = self._set_up(cpus)
         while (job := inbox.get()) is not STOP:
             handle, batch_index, item, out_index, partial = job
             try:

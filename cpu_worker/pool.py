@@ -97,9 +97,13 @@ class CpuAttentionPool:
         Threads per group that share a sequence (>= 1), by KV head or, with
         more threads than KV heads, by block range merged by LSE.
     pin_cores : None, "auto" or sequence of int
-        None: no pinning. "auto": threads pinned round-robin to the CPUs this
-        process may use. A sequence: one CPU per thread, in order group 0
-        thread 0, group 0 thread 1, ...
+        None: no pinning. "auto": threads pinned round-robin to the CPUs of
+        `cpu_set`. A sequence: one CPU per thread, in order group 0 thread 0,
+        group 0 thread 1, ...
+    cpu_set : None or sequence of int
+        The CPUs the pool's threads may use (one rank's share of the host,
+        cpu_sets.py); an unpinned thread may run on any of them. None: the
+        CPUs this process may use.
     impl : {"auto", "native", "torch"}
         Kernel; "auto" prefers the native one (dispatch.select_impl).
     faults : FaultPlan or None
@@ -115,6 +119,7 @@ class CpuAttentionPool:
         threads_per_group: int = 1,
         *,
         pin_cores: str | Sequence[int] | None = None,
+        cpu_set: Sequence[int] | None = None,
         impl: str = "auto",
         faults: FaultPlan | None = None,
     ):
@@ -123,7 +128,7 @@ class CpuAttentionPool:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self._cores = _resolve_cores(pin_cores, num_groups * threads_per_group)
+        self._cores = _resolve_cores(pin_cores, num_groups * threads_per_group, cpu_set)
         self.impl = select_impl(impl)
         self.num_groups = num_groups
         self.threads_per_group = threads_per_group
@@ -169,6 +174,17 @@ class CpuAttentionPool:
     def threads(self) -> list[threading.Thread]:
         """Every worker thread of the pool."""
         return [t for group in self._groups for t in group.threads]
+
+    def thread_cpus(self) -> list[int]:
+        """The CPUs the pool's live worker threads may run on, read back from the OS."""
+        cpus: set[int] = set()
+        for thread in self.threads:
+            if thread.is_alive() and thread.native_id is not None and hasattr(os, "sched_getaffinity"):
+                try:
+                    cpus |= os.sched_getaffinity(thread.native_id)
+                except OSError:  # the thread ended in between
+                    continue
+        return sorted(cpus)
 
     def submit(
         self,
@@ -303,17 +319,23 @@ class CpuAttentionPool:
         )
 
 
-def _resolve_cores(pin_cores: str | Sequence[int] | None, num_threads: int) -> list[int] | None:
-    """One CPU id per worker thread, or None for no pinning."""
-    if pin_cores is None:
+def _resolve_cores(pin_cores: str | Sequence[int] | None, num_threads: int,
+                   cpu_set: Sequence[int] | None = None) -> list[frozenset[int]] | None:
+    """The CPUs each worker thread may run on (one CPU when pinned), or None: no affinity of their own."""
+    if pin_cores is None and cpu_set is None:
         return None
     if not hasattr(os, "sched_setaffinity"):
-        raise ValueError("pin_cores needs os.sched_setaffinity (Linux); pass pin_cores=None")
-    allowed = sorted(os.sched_getaffinity(0))
+        raise ValueError("pin_cores and cpu_set need os.sched_setaffinity (Linux); pass None")
+    process = sorted(os.sched_getaffinity(0))
+    allowed = process if cpu_set is None else sorted(set(cpu_set))
+    if not allowed or not set(allowed) <= set(process):
+        raise ValueError(f"cpu_set {allowed} is not a non-empty subset of this process's CPU set {process}")
+    if pin_cores is None:
+        return [frozenset(allowed)] * num_threads
     if isinstance(pin_cores, str):
         if pin_cores != "auto":
             raise ValueError(f"pin_cores must be None, 'auto' or a sequence of ints, got {pin_cores!r}")
-        return [allowed[i % len(allowed)] for i in range(num_threads)]
+        return [frozenset({allowed[i % len(allowed)]}) for i in range(num_threads)]
     cores = list(pin_cores)
     if len(cores) != num_threads:
         raise ValueError(f"pin_cores must name one CPU per worker thread ({num_threads}), got {len(cores)}")
@@ -321,5 +343,5 @@ def _resolve_cores(pin_cores: str | Sequence[int] | None, num_threads: int) -> l
         if isinstance(core, bool) or not isinstance(core, int):
             raise TypeError(f"pin_cores[{i}] must be an int, got {type(core).__name__}")
         if core not in allowed:
-            raise ValueError(f"pin_cores[{i}] = {core} is not in this process's CPU set {allowed}")
-    return cores
+            raise ValueError(f"pin_cores[{i}] = {core} is not in the pool's CPU set {allowed}")
+    return [frozenset({core}) for core in cores]

@@ -41,7 +41,7 @@ class ScoutConfig:
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
     recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
-    cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core
+    cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core (of the rank's share with tensor parallelism)
     cpu_threads_per_group: int = 1  # threads per CPU worker group (a group works on one sequence at a time)
     cpu_pin_cores: bool = False  # pin each worker thread to one CPU of the process's CPU set, in order
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)

@@ -132,8 +132,8 @@ class PoolSettings:
 
     kv_pool : SCOUT_KV_POOL, "scout" (default: a logical capacity held in host memory, the device holds
         only what co-attention needs) or "stock" (SGLang's own device pool, every token on the device)
-    host_kv_gib : SCOUT_HOST_KV_GIB, the host memory for K/V in GiB; sets the logical capacity instead of
-        --max-total-tokens
+    host_kv_gib : SCOUT_HOST_KV_GIB, the host memory for K/V in GiB (the whole server's: tensor-parallel ranks
+        on a host split it); sets the logical capacity instead of --max-total-tokens
     """
 
     kv_pool: str = "scout"

@@ -47,7 +47,8 @@ OTHER_VARIABLE_DOCS = {
         "unset",
         "a positive number of GiB",
         "Host memory for K/V. Sets the logical capacity (tokens = GiB / bytes of one token's K and V over all "
-        "layers) instead of `--max-total-tokens`. One of the two is required with the scout KV pool.",
+        "layers) instead of `--max-total-tokens`. One of the two is required with the scout KV pool. With tensor "
+        "parallelism it is the whole server's: the ranks on a host split it.",
     ),
     "SCOUT_NATIVE_BUILD_DIR": (
         "unset (torch's extension cache)",

@@ -115,8 +115,10 @@ def test_valid_arguments_pass(pool):
         (dict(threads_per_group=1.5), TypeError, "threads_per_group must be an int, got float"),
         (dict(impl="ipex"), ValueError, r"impl must be one of \('auto', 'native', 'torch'\), got 'ipex'"),
         (dict(pin_cores=[0]), ValueError, r"one CPU per worker thread \(2\), got 1"),
-        (dict(pin_cores=[0, 4096]), ValueError, r"pin_cores\[1\] = 4096 is not in this process's CPU set"),
+        (dict(pin_cores=[0, 4096]), ValueError, r"pin_cores\[1\] = 4096 is not in the pool's CPU set"),
         (dict(pin_cores="all"), ValueError, "pin_cores must be None, 'auto' or a sequence of ints"),
+        (dict(cpu_set=[4096]), ValueError, r"cpu_set \[4096\] is not a non-empty subset of this process's CPU set"),
+        (dict(cpu_set=[]), ValueError, r"cpu_set \[\] is not a non-empty subset"),
     ],
 )
 def test_pool_rejects(kwargs, error, message):

@@ -119,6 +119,27 @@ def test_pinning_applies_to_worker_threads(monkeypatch):
     assert os.sched_getaffinity(0) == set(allowed), "pinning must not leak into the caller"
 
 
+def test_a_cpu_set_confines_unpinned_threads_and_is_read_back():
+    """One rank's share of the host (cpu_sets.rank_share): every thread may run on it and nowhere else."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs os.sched_setaffinity")
+    share = sorted(os.sched_getaffinity(0))[-1:]
+    seen = {}
+    with make_pool("torch", num_groups=2, cpu_set=share) as pool:
+        real_decode = pool._kernel.decode
+
+        def record(*args, batch_index, **kwargs):
+            seen[batch_index] = os.sched_getaffinity(0)
+            return real_decode(*args, batch_index=batch_index, **kwargs)
+
+        pool._kernel.decode = record
+        run(pool, make_case([[1], [1], [1], [1]], group_size=1, head_dim=64), scale=0.125)
+        assert pool.thread_cpus() == share
+    assert seen and all(cpus == set(share) for cpus in seen.values())
+    with make_pool("torch", num_groups=1) as pool:
+        assert pool.thread_cpus() == sorted(os.sched_getaffinity(0))  # no set: the process's CPUs
+
+
 def test_empty_batch_is_done_at_once():
     with make_pool("torch", num_groups=1) as pool:
         case = make_case([[1, 1]], group_size=1, head_dim=64)

@@ -27,6 +27,8 @@ def fields() -> set[str]:
     adapter = ROOT / "scout_sglang" / "sglang_adapter"
     return (set(ServingStats().report({})) | returned_dict_keys(adapter / "memory_report.py", "usage")
             | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "usage")
+            | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "cpu_worker_state")
+            | {"tp_rank", "tp_size", "cpu_worker", "scout_ranks"}
             | {"digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated"})
 
 

@@ -59,6 +59,10 @@ def test_refuses_the_radix_cache_and_hierarchical_cache():
 def test_logical_capacity_from_tokens_or_host_gib():
     assert logical_capacity(10_007, SCOUT, token_bytes=1024, page_size=16) == 10_000
     assert logical_capacity(10_000, PoolSettings(host_kv_gib=1.0), token_bytes=2**20, page_size=1) == 1024
+    # SCOUT_HOST_KV_GIB is the whole server's: 2 ranks on the host, each with half the heads (half the bytes
+    # per token) in half the memory, hold the same tokens as one rank
+    assert logical_capacity(10_000, PoolSettings(host_kv_gib=1.0), token_bytes=2**19, page_size=1,
+                            local_ranks=2) == 1024
     with pytest.raises(RuntimeError, match="--max-total-tokens N .* or set SCOUT_HOST_KV_GIB"):
         logical_capacity(None, SCOUT, token_bytes=1024, page_size=1)
     with pytest.raises(RuntimeError, match="below one page"):

@@ -96,3 +96,12 @@ def test_a_host_store_larger_than_the_free_memory_is_refused_with_what_to_change
     check_host_memory(2**20, 1000)
     with pytest.raises(RuntimeError, match="lower --max-total-tokens"):
         check_host_memory(2**60, 10**9)
+
+
+def test_the_host_memory_check_counts_every_tensor_parallel_rank_on_the_host():
+    from scout_sglang.sglang_adapter.kv_pool import check_host_memory
+
+    check_host_memory(4 * 2**30, 1000, local_ranks=2, available=10 * 2**30)  # 8 GiB of 9 usable
+    with pytest.raises(RuntimeError, match=r"needs 4\.0 GiB of host memory on each of the 4 tensor-parallel ranks on "
+                                           r"this host \(16\.0 GiB together\), but only 10\.0 GiB is available"):
+        check_host_memory(4 * 2**30, 1000, local_ranks=4, available=10 * 2**30)

@@ -49,7 +49,7 @@ def test_cpu_tasks_that_raise_or_come_late_cost_no_token_and_are_counted(tmp_pat
     fallbacks = stats["cpu_fallbacks"]
     assert fallbacks["error"] > 0 and fallbacks["deadline"] > 0, fallbacks
     for cause, count in fallbacks.items():
-        served = re.search(rf'^scout_cpu_fallbacks_total\{{cause="{cause}"\}} (\S+)', metrics, re.M)
+        served = re.search(rf'^scout_cpu_fallbacks_total\{{cause="{cause}",tp_rank="0"\}} (\S+)', metrics, re.M)
         assert served and float(served.group(1)) == count, (cause, count)
     assert health == 200
     text = log.read_text()

@@ -79,7 +79,7 @@ def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp
             assert re.search(MESSAGES[stage], reason["message"]), reason
     assert stats["request_failures"] == {"prefill": 0, "decode": 0} | {stage: 2}, stats["request_failures"]
     assert stats["usage"]["requests"] == 0 and stats["usage"]["host_pages"] == 0  # every page freed
-    served = re.search(rf'^scout_request_failures_total\{{stage="{stage}"\}} (\S+)', metrics, re.M)
+    served = re.search(rf'^scout_request_failures_total\{{stage="{stage}",tp_rank="0"\}} (\S+)', metrics, re.M)
     assert served and float(served.group(1)) == 2
     assert again["meta_info"]["completion_tokens"] == 4 and health == 200
     text = log.read_text()

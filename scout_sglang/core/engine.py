@@ -108,12 +108,15 @@ class CoAttentionEngine:
         (exactly, from the host store: cpu_handoff.py); the server passes SCOUT_CPU_DEADLINE_MS
     cpu_faults : a cpu_worker.faults.FaultPlan for the pool this engine creates (tests only; None: no faults)
     cpu_health : when the CPU worker is given work (cpu_health.CpuWorkerHealth; None: one of its defaults)
+    cpu_set : the CPUs the pool this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
+        None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one group per `cpu_threads_per_group` of them
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
                  cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
-                 cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None):
+                 cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None,
+                 cpu_set=None):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -141,7 +144,7 @@ class CoAttentionEngine:
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
         self._own_pool = cpu_pool is None and config.mode in CPU_MODES
-        self.cpu_pool = self._make_pool(cpu_faults) if self._own_pool else cpu_pool
+        self.cpu_pool = self._make_pool(cpu_faults, cpu_set) if self._own_pool else cpu_pool
         # The device part's kernel reads its block counts on the device (Triton on CUDA): FlashInfer's
         # decode wrapper plans from host-side lengths, which per-layer, per-head lists would need each layer.
         self._decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
@@ -173,13 +176,14 @@ class CoAttentionEngine:
         self._timer = SectionTimer(self.device)
         self.trace: DecisionTrace | None = DecisionTrace() if trace else None
 
-    def _make_pool(self, faults):
+    def _make_pool(self, faults, cpu_set):
         from scout_sglang.cpu_worker import CpuAttentionPool
 
-        groups = self.config.cpu_groups or max(1, len(os.sched_getaffinity(0)) // self.config.cpu_threads_per_group)
+        cpus = len(cpu_set) if cpu_set is not None else len(os.sched_getaffinity(0))
+        groups = self.config.cpu_groups or max(1, cpus // self.config.cpu_threads_per_group)
         return CpuAttentionPool(groups, self.config.cpu_threads_per_group,
-                                pin_cores="auto" if self.config.cpu_pin_cores else None, impl=self.config.cpu_impl,
-                                faults=faults)
+                                pin_cores="auto" if self.config.cpu_pin_cores else None, cpu_set=cpu_set,
+                                impl=self.config.cpu_impl, faults=faults)
 
     def close(self) -> None:
         if self._handoff is not None:
@@ -213,12 +217,16 @@ class CoAttentionEngine:
 
     def cpu_worker_state(self) -> dict | None:
         """The CPU worker's health (cpu_health.py): whether decoding is device-only now, how often it went
-        device-only, and the pool's thread groups replaced after a thread ended; None without a CPU part."""
+        device-only, the pool's thread groups replaced after a thread ended, and the CPUs its threads may run on
+        (read back from the OS); None without a CPU part."""
         if self._handoff is None:
             return None
         health = self._handoff.health
+        thread_cpus = getattr(self.cpu_pool, "thread_cpus", None)
         return {"device_only": health.device_only, "device_only_switches": health.switches,
-                "replaced_thread_groups": getattr(self.cpu_pool, "replaced_groups", 0)}
+                "replaced_thread_groups": getattr(self.cpu_pool, "replaced_groups", 0),
+                "threads": len(getattr(self.cpu_pool, "threads", ())),
+                "cpus": thread_cpus() if thread_cpus is not None else []}
 
     def usage(self) -> dict:
         """Pages in use, for leak checks and metrics."""

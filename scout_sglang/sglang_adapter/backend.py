@@ -23,6 +23,7 @@ import time
 import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.cpu_worker.cpu_sets import cpu_list_text
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.env import (
     config_from_env,
@@ -44,6 +45,7 @@ from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_laye
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
+from scout_sglang.sglang_adapter.tensor_parallel import rank_cpus, rank_place
 
 METRICS_INTERVAL_S = 0.5  # the longest /metrics lags the steps; a request's release always updates it
 
@@ -133,6 +135,7 @@ class ScoutAttnBackend:
             raise RuntimeError(f"the scout KV pool should be {expected!r} but SGLang built {self.layout!r}: the hook on "
                                "its KV cache configurator did not attach (is this sglang 0.5.23?)")
         self.inner = stock_backend(model_runner) if self.layout == "stock" else None
+        self.place = rank_place(model_runner.server_args)
         tp_size = attention_tp_size()
         # Layer count, heads and dtype come from the KV pool (what SGLang's minimal runners also have).
         self.shape = ModelShape(num_layers=pool.layer_num,
@@ -149,7 +152,7 @@ class ScoutAttnBackend:
         total_pages = memory_report.engine_total_pages(logical_tokens, self.config.block_size, max_requests)
         if self.layout == "stock":  # the scout pool checked the engine's memory when it was sized
             check_engine_memory(plan_engine(pool, logical_tokens, max_requests, self.config), self.device,
-                                logical_tokens)
+                                logical_tokens, place=self.place)
         context = min(model_runner.model_config.context_len, logical_tokens)
         faults = injected_faults()
         if faults is not None:
@@ -158,7 +161,14 @@ class ScoutAttnBackend:
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
                                         total_pages=total_pages, track_changes=False,
                                         cpu_deadline_ms=cpu_deadline_ms(),
-                                        cpu_faults=faults if faults is not None and faults.cpu_faults else None)
+                                        cpu_faults=faults if faults is not None and faults.cpu_faults else None,
+                                        cpu_set=rank_cpus(self.place, self.device))
+        if self.place.tp_size > 1:
+            cpus = (self.engine.cpu_worker_state() or {}).get("cpus")
+            logger.info("scout: tensor-parallel rank %d of %d (process %d of %d on this host): %d query and %d KV "
+                        "heads; CPU worker threads on CPUs %s", self.place.tp_rank, self.place.tp_size,
+                        self.place.local_rank, self.place.local_ranks, self.shape.num_qo_heads,
+                        self.shape.num_kv_heads, cpu_list_text(cpus) if cpus else "none (no CPU part)")
         self.failures = RequestFailures(faults.request_state if faults is not None else None)
         self.last_telemetry = None
         self.stats = ServingStats()
@@ -171,7 +181,7 @@ class ScoutAttnBackend:
                                             self._on_prediction, on_graph=self.on_graph)
         logger.info("%s", memory_report.startup_message(self.engine, self.layout, logical_tokens, context,
                                                         memory_report.sglang_pool_bytes(pool, self.layout), max_requests))
-        self.metrics = ScoutMetrics.create(model_runner.server_args)
+        self.metrics = ScoutMetrics.create(model_runner.server_args, self.place.tp_rank)
         self._metrics_updated = float("-inf")  # time.monotonic() of the last metrics update at a step's end
 
     # -- AttentionBackend interface -------------------------------------------
@@ -318,6 +328,7 @@ class ScoutAttnBackend:
     def report(self) -> dict:
         """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
         report = self.stats.report(self.engine.usage())
+        report["tp_rank"], report["tp_size"] = self.place.tp_rank, self.place.tp_size
         report["request_failures"] = dict(self.failures.counts)
         report["cpu_worker"] = self.engine.cpu_worker_state()
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,

@@ -92,10 +92,13 @@ def host_bytes_per_token(pool) -> int:
     return pool.layer_num * pool.head_num * (pool.head_dim + pool.v_head_dim) * pool.dtype.itemsize
 
 
-def logical_capacity(max_total_tokens: int | None, settings: PoolSettings, token_bytes: int, page_size: int) -> int:
-    """Logical tokens from SCOUT_HOST_KV_GIB, else from --max-total-tokens; a multiple of the page size."""
+def logical_capacity(max_total_tokens: int | None, settings: PoolSettings, token_bytes: int, page_size: int,
+                     local_ranks: int = 1) -> int:
+    """Logical tokens from SCOUT_HOST_KV_GIB (the host memory of the whole server: each of the `local_ranks`
+    tensor-parallel ranks on this host stores its heads' `token_bytes` in its part), else from
+    --max-total-tokens; a multiple of the page size."""
     if settings.host_kv_gib is not None:
-        tokens = int(settings.host_kv_gib * 2**30 // token_bytes)
+        tokens = int(settings.host_kv_gib * 2**30 / local_ranks // token_bytes)
     elif max_total_tokens:
         tokens = int(max_total_tokens)
     else:
@@ -107,12 +110,22 @@ def logical_capacity(max_total_tokens: int | None, settings: PoolSettings, token
     return tokens
 
 
-def check_host_memory(host_bytes: int, tokens: int, what: str = "the scout host store") -> None:
-    """Refuse to start when the host store would not fit in the memory available now."""
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if host_bytes > 0.9 * available:
+def available_host_bytes() -> int:
+    """Host memory free now, in bytes."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_host_memory(host_bytes: int, tokens: int, what: str = "the scout host store", *, local_ranks: int = 1,
+                      available: int | None = None) -> None:
+    """Refuse to start when the host store of each of the `local_ranks` ranks on this host would not fit, all
+    together, in the memory available (default: now)."""
+    available = available_host_bytes() if available is None else available
+    needed = host_bytes * local_ranks
+    if needed > 0.9 * available:
+        each = f" on each of the {local_ranks} tensor-parallel ranks on this host" if local_ranks > 1 else ""
+        together = f" ({needed / GIB:.1f} GiB together)" if local_ranks > 1 else ""
         raise RuntimeError(
-            f"{what} for {tokens} tokens needs {host_bytes / GIB:.1f} GiB of host memory, but only "
+            f"{what} for {tokens} tokens needs {host_bytes / GIB:.1f} GiB of host memory{each}{together}, but only "
             f"{available / GIB:.1f} GiB is available: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)")
 
 
@@ -128,17 +141,24 @@ def check_device_memory(plan: dict, tokens: int, free_bytes: int) -> None:
             + (" or offload every layer (SCOUT_DENSE_LAYERS=)" if dense else ""))
 
 
-def check_engine_memory(plan: dict, device, tokens: int, extra_host_bytes: int = 0) -> None:
+def check_engine_memory(plan: dict, device, tokens: int, extra_host_bytes: int = 0, place=None) -> None:
     """The engine's stores (and `extra_host_bytes`, an arrival pool) against the memory free now. On a CPU
-    server the device part is host memory too."""
+    server the device part is host memory too. With tensor parallelism every rank measures the free host memory
+    before any allocates (they gather it), and the stores of all the ranks on this host must fit in it."""
     import torch
 
+    from scout_sglang.sglang_adapter.tensor_parallel import RankPlace, tp_gather
+
+    place = place or RankPlace()
+    available = min(tp_gather(available_host_bytes()))
     if torch.device(device).type == "cuda":
-        check_host_memory(plan["host_bytes_allocated"] + extra_host_bytes, tokens)
+        check_host_memory(plan["host_bytes_allocated"] + extra_host_bytes, tokens, local_ranks=place.local_ranks,
+                          available=available)
         check_device_memory(plan, tokens, torch.cuda.mem_get_info(torch.device(device))[0])
     else:
         check_host_memory(plan["host_bytes_allocated"] + plan["device_bytes_allocated"] + extra_host_bytes, tokens,
-                          "the scout engine (host store and, on this CPU device, its device part)")
+                          "the scout engine (host store and, on this CPU device, its device part)",
+                          local_ranks=place.local_ranks, available=available)
 
 
 def plan_engine(pool, tokens: int, slots: int, config=None) -> dict:
@@ -173,11 +193,14 @@ def configure_around(original, configurator, *args, **kwargs):
         result = original(configurator, *args, **kwargs)
     pool = result.token_to_kv_pool
     token_bytes = host_bytes_per_token(pool)
-    logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size)
+    from scout_sglang.sglang_adapter.tensor_parallel import rank_place
+
+    place = rank_place(server_args)
+    logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size, place.local_ranks)
     slots = result.req_to_token_pool.size  # the engine's request slots (the backend sizes it the same way)
     plan = plan_engine(pool, logical, slots)
     arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # a second host copy, where K/V lands
-    check_engine_memory(plan, configurator.device, logical, arrival_bytes)
+    check_engine_memory(plan, configurator.device, logical, arrival_bytes, place)
     if layout == "arrival":
         pool = host_pool_like(pool, logical)
     setattr(pool, LAYOUT_ATTRIBUTE, layout)

@@ -9,7 +9,9 @@ the CPU task raised ("error") or missed its deadline ("deadline"), or the
 worker, failing too often, was given no task ("device_only", cpu_health.py);
 `scout_request_failures_total{stage}` counts the requests aborted alone because
 their state was inconsistent, found in their "prefill" or "decode"
-(request_failures.py).
+(request_failures.py). Every series carries the label `tp_rank`, as SGLang's own
+do: with tensor parallelism each rank's scheduler process reports its own engine
+(its heads, its host store, its CPU worker) as its own series.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ _GAUGES: dict = {}  # one set per process: prometheus refuses a second metric of
 
 
 class ScoutMetrics:
-    def __init__(self, gauges: dict):
+    def __init__(self, gauges: dict, tp_rank: int = 0):
         self.gauges = gauges
+        self.tp_rank = str(tp_rank)
         self._counted: dict[tuple[str, str], float] = {}  # (counter, label value) -> total already added
 
     @classmethod
-    def create(cls, server_args) -> "ScoutMetrics | None":
-        """Gauges when the server runs with --enable-metrics, else None."""
+    def create(cls, server_args, tp_rank: int = 0) -> "ScoutMetrics | None":
+        """Gauges of this tensor-parallel rank when the server runs with --enable-metrics, else None."""
         if not getattr(server_args, "enable_metrics", False):
             return None
         from prometheus_client import Gauge
@@ -65,21 +68,22 @@ class ScoutMetrics:
         if not _GAUGES:
             from prometheus_client import Counter
 
-            _GAUGES.update({name: Gauge(name, text, multiprocess_mode="mostrecent") for name, (text, _) in GAUGES.items()})
+            _GAUGES.update({name: Gauge(name, text, ("tp_rank",), multiprocess_mode="mostrecent")
+                            for name, (text, _) in GAUGES.items()})
             # prometheus_client exposes a Counter named X as X_total
-            _GAUGES.update({name: Counter(name, text, (label,)) for name, (text, label, _) in COUNTERS.items()})
-        return cls(_GAUGES)
+            _GAUGES.update({name: Counter(name, text, (label, "tp_rank")) for name, (text, label, _) in COUNTERS.items()})
+        return cls(_GAUGES, tp_rank)
 
     def update(self, report: dict) -> None:
         for name, (_, path) in GAUGES.items():
             value = _lookup(report, path)
             if value is not None:
-                self.gauges[name].set(value)
+                self.gauges[name].labels(self.tp_rank).set(value)
         for name, (_, _, path) in COUNTERS.items():
             totals = _lookup(report, path) or {}
             for label, total in totals.items():
                 added = self._counted.get((name, label), 0)
-                child = self.gauges[name].labels(label)  # served from the first update, at 0
+                child = self.gauges[name].labels(label, self.tp_rank)  # served from the first update, at 0
                 if total > added:  # the report holds running totals; a counter takes increments
                     child.inc(total - added)
                     self._counted[(name, label)] = total

@@ -9,7 +9,7 @@ way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
 request release (finish, abort, retraction), an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
-"internal_states"[i]["scout"]), an AFTER hook on the scheduler's release of host
+"internal_states"[i]["scout"], and every tensor-parallel rank's in "scout_ranks"), an AFTER hook on the scheduler's release of host
 resources at a graceful exit (each backend's engine closed: its CPU worker
 threads joined), an AFTER hook on the scheduler's run_batch that aborts the
 requests a backend gave up on in that forward (request_failures.py), and the
@@ -121,11 +121,24 @@ def _close_backends(result, *args, **kwargs):
 
 
 def _add_statistics(result, *args, **kwargs):
-    """Scheduler internal state -> plus "scout": this process's co-attention statistics."""
+    """Scheduler internal state -> plus "scout": this process's co-attention statistics, and "scout_ranks": every
+    tensor-parallel rank's, in rank order (each labelled with its `tp_rank`). SGLang hands the request to every
+    rank of the TP group, so every rank reaches this hook and joins the gather; rank 0's state is the one
+    served."""
     backends = list(LIVE_BACKENDS)
+    if not backends:  # not a scout server (the same on every rank)
+        return None
+    try:
+        report = backends[0].report() if len(backends) == 1 else [b.report() for b in backends]
+    except Exception as error:  # noqa: BLE001 - the other ranks wait in the gather below
+        logger.exception("scout: statistics could not be read")
+        report = {"error": f"{type(error).__name__}: {error}"}
+    from scout_sglang.sglang_adapter.tensor_parallel import tp_gather
+
+    ranks = tp_gather(report)
     state = getattr(result, "internal_state", None)
-    if backends and isinstance(state, dict):
-        state["scout"] = backends[0].report() if len(backends) == 1 else [b.report() for b in backends]
+    if isinstance(state, dict):
+        state["scout"], state["scout_ranks"] = report, ranks
     return None
 
 

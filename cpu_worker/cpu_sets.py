@@ -1,0 +1,109 @@
+"""Which CPUs a worker pool may use: CPU lists, the host's core topology, and one rank's share.
+
+Several processes of one server run on a host (tensor-parallel ranks, data-parallel
+replicas): each has its own CPU worker pool, and pools that take the same cores slow
+each other down. `rank_share` gives each local rank a disjoint set of whole physical
+cores (all hardware threads of a core go to the same rank), filled NUMA node by
+node, so that a rank's cores sit on as few nodes as possible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+SYS_NODE = Path("/sys/devices/system/node")
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' (the kernel's and SGLANG_CPU_OMP_THREADS_BIND's syntax) -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"bad CPU list {text!r}: expected numbers and ranges such as 0-3,8") from None
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU list {text!r}: range {part!r} is empty or negative")
+        cpus.extend(range(first, last + 1))
+    if not cpus:
+        raise ValueError(f"bad CPU list {text!r}: it names no CPU")
+    return sorted(set(cpus))
+
+
+def cpu_list_text(cpus: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8'."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuPlace:
+    """Where a logical CPU sits: NUMA node, package (socket) and physical core within it."""
+
+    node: int
+    package: int
+    core: int
+
+
+def host_topology(cpus: Iterable[int], sys_cpu: Path = SYS_CPU, sys_node: Path = SYS_NODE) -> dict[int, CpuPlace]:
+    """CpuPlace of each CPU from sysfs; a CPU whose files cannot be read is a core of its own on node 0."""
+    node_of: dict[int, int] = {}
+    for node_dir in sorted(sys_node.glob("node[0-9]*")):
+        try:
+            for cpu in parse_cpu_list((node_dir / "cpulist").read_text()):
+                node_of[cpu] = int(node_dir.name[4:])
+        except (OSError, ValueError):
+            continue
+    places = {}
+    for cpu in cpus:
+        topology = sys_cpu / f"cpu{cpu}" / "topology"
+        try:
+            package = int((topology / "physical_package_id").read_text())
+            core = int((topology / "core_id").read_text())
+        except (OSError, ValueError):
+            package, core = -1, -1 - cpu  # unknown: alone on its core
+        places[cpu] = CpuPlace(node_of.get(cpu, 0), package, core)
+    return places
+
+
+def rank_share(cpus: Iterable[int], local_rank: int, local_ranks: int,
+               topology: dict[int, CpuPlace] | None = None) -> list[int]:
+    """The CPUs of `cpus` that local rank `local_rank` of `local_ranks` takes: whole physical cores, ordered by
+    NUMA node then core, cut into `local_ranks` runs as even as whole cores allow (the first ranks get one core
+    more when they do not divide). Raises ValueError when there are fewer cores than ranks."""
+    cpus = sorted(set(cpus))
+    if not 0 <= local_rank < local_ranks:
+        raise ValueError(f"local rank {local_rank} is not in 0..{local_ranks - 1}")
+    if local_ranks == 1:
+        return cpus
+    topology = topology if topology is not None else host_topology(cpus)
+    cores: dict[tuple[int, int, int], list[int]] = {}
+    for cpu in cpus:
+        place = topology.get(cpu, CpuPlace(0, -1, -1 - cpu))
+        cores.setdefault((place.node, place.package, place.core), []).append(cpu)
+    ordered = [cores[key] for key in sorted(cores)]
+    if len(ordered) < local_ranks:
+        raise ValueError(f"{local_ranks} ranks on this host share {len(ordered)} physical cores "
+                         f"(CPUs {cpu_list_text(cpus)}): each rank's CPU worker needs at least one core of its own")
+    base, extra = divmod(len(ordered), local_ranks)
+    start = local_rank * base + min(local_rank, extra)
+    mine = ordered[start:start + base + (1 if local_rank < extra else 0)]
+    return sorted(cpu for core in mine for cpu in core)
+
+
+def process_cpus() -> list[int]:
+    """The CPUs this process may run on."""
+    return sorted(os.sched_getaffinity(0))

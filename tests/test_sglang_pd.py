@@ -1,13 +1,18 @@
 """A real prefill/decode (PD) disaggregated deployment, as `python -m scout_sglang.server.pd` starts it: a stock
 prefill server (torch_native), a scout decode server and SGLang's PD router, with K/V moved by the Mooncake
-transfer engine over loopback TCP. On needle prompts of 256 to 2048 tokens, at a sparse budget (1/8 of the
-longest context) the answers equal the reference decoder's and the tokens equal a single scout server's; the
-decode instance keeps its device K/V within the budget. Negative control: the decode instance with the `fake`
-transfer backend (no K/V moved) does not answer them all."""
+transfer engine over loopback TCP. On needle prompts of 256 to 2048 tokens: at a covering budget the tokens equal
+a single scout server's; at a sparse budget (1/8 of the longest context) the answers equal the reference
+decoder's and the tokens a single scout server's, the decode instance keeps its device K/V within the budget, and
+a client that hangs up on the router mid-decode frees the request's pages on both instances. Negative control:
+the decode instance with the `fake` transfer backend (no K/V moved) does not answer them all."""
 
 import concurrent.futures
+import http.client
 import importlib
 import importlib.util
+import json
+import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -16,7 +21,7 @@ from support import requires_sglang
 from scout_sglang.env import config_from_env
 from scout_sglang.retrieval import data
 from scout_sglang.retrieval.evaluate import bundled_model_dir, held_out, load_model
-from scout_sglang.server.client import generate, scout_stats
+from scout_sglang.server.client import generate, get_json, scout_stats
 from scout_sglang.server.launch import launched_server
 from scout_sglang.server.pd import DECODE_ARGS, launched_pd
 
@@ -68,15 +73,51 @@ def served_tokens(base: str, samples) -> list[list[int]]:
         return list(pool.map(lambda s: generate(base, list(s.prompt), NEW_TOKENS)["output_ids"], samples))
 
 
+def hang_up_mid_decode(base: str, prompt, chunks: int = 3) -> None:
+    """Stream a long generation from `base`, read `chunks` tokens of it, and close the connection: how a client
+    aborts through SGLang's router, which has no /abort_request of its own."""
+    url = urllib.parse.urlparse(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    body = {"input_ids": list(prompt), "stream": True, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    read = 0
+    while read < chunks:
+        read += response.fp.readline().startswith(b"data: {")
+    connection.sock.close()
+    connection.close()
+
+
+def used_tokens(base: str) -> int:
+    """Tokens SGLang's allocator holds on an instance (its /v1/loads)."""
+    return sum(load["num_used_tokens"] for load in get_json(base + "/v1/loads")["loads"])
+
+
+def pages_freed(urls, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        usage = scout_stats(urls.decode)["usage"]
+        if usage["requests"] == 0 and used_tokens(urls.decode) == 0 and used_tokens(urls.prefill) == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_server(samples, reference_answers,
                                                                                     tmp_path):
     with launched_pd(bundled_model_dir(), common_args=COMMON, env=ENV, log_dir=tmp_path) as urls:
+        hang_up_mid_decode(urls.router, samples[3].prompt)
+        in_flight = scout_stats(urls.decode)["usage"]
+        freed = pages_freed(urls)
         before = scout_stats(urls.decode)
         through_pd = served_tokens(urls.router, samples)
         after = scout_stats(urls.decode)
     for url in (urls.router, urls.prefill, urls.decode):  # the launcher stopped all three
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/health", timeout=5)
+    assert in_flight["requests"] == 1 and in_flight["host_pages"] > 0  # the hung-up request was decoding here
+    assert freed, "the aborted request's pages were not freed on both instances"
     assert [answer(tokens) for tokens in through_pd] == reference_answers
     assert all(words[-1] == "." for words in reference_answers)  # the reference found each needle
     assert after["admitted_requests"] - before["admitted_requests"] == len(samples)
@@ -95,6 +136,21 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
                          env=ENV, log_path=tmp_path / "single.log") as base:
         single = served_tokens(base, samples)
     assert through_pd == single
+
+
+def test_at_a_covering_budget_a_pd_pair_decodes_like_a_single_server(samples, tmp_path):
+    """Every token of every context attended: any K/V lost or misplaced on the way changes the tokens."""
+    env = {**ENV, "SCOUT_TOKEN_BUDGET": str(max(LENGTHS) + 32)}  # the prompt and the new tokens, in whole blocks
+    with launched_pd(bundled_model_dir(), common_args=COMMON, env=env, log_dir=tmp_path) as urls:
+        before = scout_stats(urls.decode)
+        through_pd = served_tokens(urls.router, samples)
+        after = scout_stats(urls.decode)
+    with launched_server(bundled_model_dir(), "--attention-backend", "scout", "--disable-radix-cache", *COMMON,
+                         env=env, log_path=tmp_path / "single.log") as base:
+        single = served_tokens(base, samples)
+    assert through_pd == single
+    assert after["admitted_requests"] - before["admitted_requests"] == len(samples)
+    assert after["cpu_blocks"] == 0 and after["selected_blocks"] > before["selected_blocks"]  # all of it selected
 
 
 def test_without_kv_transfer_the_answers_are_wrong(samples, reference_answers, tmp_path):

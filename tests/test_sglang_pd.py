@@ -108,7 +108,7 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
                                                                                     tmp_path):
     with launched_pd(bundled_model_dir(), common_args=COMMON, env=ENV, log_dir=tmp_path) as urls:
         hang_up_mid_decode(urls.router, samples[3].prompt)
-        in_flight = scout_stats(urls.decode)["usage"]
+        in_flight = scout_stats(urls.decode)
         freed = pages_freed(urls)
         before = scout_stats(urls.decode)
         through_pd = served_tokens(urls.router, samples)
@@ -116,7 +116,9 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
     for url in (urls.router, urls.prefill, urls.decode):  # the launcher stopped all three
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/health", timeout=5)
-    assert in_flight["requests"] == 1 and in_flight["host_pages"] > 0  # the hung-up request was decoding here
+    assert in_flight["usage"]["requests"] == 1 and in_flight["usage"]["host_pages"] > 0  # it was decoding here
+    # while it decoded, the device held less of it than full attention would (its K/V is in host memory)
+    assert 0 < in_flight["memory"]["device_bytes_used"] < in_flight["memory"]["full_attention_bytes"]
     assert freed, "the aborted request's pages were not freed on both instances"
     assert [answer(tokens) for tokens in through_pd] == reference_answers
     assert all(words[-1] == "." for words in reference_answers)  # the reference found each needle

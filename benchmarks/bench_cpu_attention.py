@@ -7,7 +7,8 @@ cache (4 GiB in full mode, backed by transparent huge pages where the OS allows:
 cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
 show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
 a large buffer, one chunk per thread), native with N groups of 1 thread and 1
-group of N threads, torch path with N groups. Every figure is the best of
+group of N threads, torch path with N groups, and native over 16 pages that stay in the CPU
+caches (its compute ceiling, which no prefetching can pass). Every figure is the best of
 several rounds, taken interleaved (the host is shared and noisy). No asserts. Progress goes to stderr; the last stdout line is one
 JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
 {md,json,png}, keeping the results of other CPU models (and ISA paths) in the
@@ -33,6 +34,7 @@ from scout_sglang.cpu_worker.native_kernel import load_native
 from scout_sglang.plan.measure import read_bandwidth_gbs
 
 RESULTS = Path(__file__).resolve().parent / "results"
+HOT_PAGES = 16  # the cache-resident run: 16 pages of K and V, 2 MiB together
 SHAPE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, block_size=32, batch_size=8, blocks_per_head=64)
 FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
@@ -98,12 +100,18 @@ def make_cache(num_pages: int, huge_pages: bool = True) -> tuple[torch.Tensor, t
 
 
 def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Distinct random block lists (distinct pages within each list) per batch."""
+    """Random block lists of `blocks_per_head` blocks per batch; distinct pages within each list when the cache
+    has enough (a smaller cache is walked in random orders, one after another)."""
     b, h, n = SHAPE["batch_size"], SHAPE["num_kv_heads"], SHAPE["blocks_per_head"]
     gen = torch.Generator().manual_seed(1)
+    repeats = -(-n // num_pages)
+
+    def one_list():
+        return torch.cat([torch.randperm(num_pages, generator=gen) for _ in range(repeats)])[:n]
+
     tables = []
     for _ in range(num_sets):
-        table = torch.stack([torch.randperm(num_pages, generator=gen)[:n] for _ in range(b * h)]).view(b, h, n)
+        table = torch.stack([one_list() for _ in range(b * h)]).view(b, h, n)
         tables.append((table.to(torch.int32).contiguous(), torch.full((b, h), n, dtype=torch.int32)))
     return tables
 
@@ -111,7 +119,8 @@ def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch
 def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
     """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order)."""
     d = SHAPE
-    bytes_per_batch = 2 * d["batch_size"] * d["num_kv_heads"] * d["blocks_per_head"] * d["block_size"] * d["head_dim"] * 2
+    block_bytes = 2 * d["block_size"] * d["head_dim"] * 2  # K and V of one block, bf16
+    bytes_per_batch = int(tables[0][1].sum()) * block_bytes  # the tables of one run list as many blocks
     start = time.perf_counter()
     handles = []
     for table, counts in tables:
@@ -139,6 +148,8 @@ def run(quick: bool) -> dict:
     # Full mode: the same cache on 4 KiB pages, to measure what the huge pages give (TLB reach).
     small_pages = None if quick else make_cache(num_pages, huge_pages=False)
     tables = make_tables(4 if quick else 6, num_pages)
+    hot_k, hot_v, _ = make_cache(HOT_PAGES)  # 2 MiB of K+V: stays in the CPU caches
+    hot_tables = make_tables(4 if quick else 6, HOT_PAGES)  # as many blocks per call, from 16 pages
     q = torch.randn(SHAPE["batch_size"], SHAPE["num_qo_heads"], SHAPE["head_dim"]).to(torch.bfloat16)
     out_o = torch.empty(q.shape, dtype=torch.float32)
     out_lse = torch.empty(q.shape[:2], dtype=torch.float32)
@@ -148,17 +159,20 @@ def run(quick: bool) -> dict:
     if native_ok:
         configs["native"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
         configs["native_one_group"] = lambda n: dict(num_groups=1, threads_per_group=n, impl="native")
+        configs["native_hot"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
         if small_pages is not None and pages["kind"] == "thp":
             configs["native_4k_pages"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
     caches = {name: (k_cache, v_cache) for name in configs}
     if "native_4k_pages" in configs:
         caches["native_4k_pages"] = small_pages[:2]
+    caches["native_hot"] = (hot_k, hot_v)
+    tables_of = {name: hot_tables if name == "native_hot" else tables for name in configs}
     pools = {(name, n): CpuAttentionPool(**make(n)) for name, make in configs.items() for n in thread_counts}
     best: dict = {}
     paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
     try:
         for (name, n), pool in pools.items():  # warm-up: thread-local scratch, page faults
-            attention_gbs(pool, *caches[name], tables[:1], q, out_o, out_lse)
+            attention_gbs(pool, *caches[name], tables_of[name][:1], q, out_o, out_lse)
         for r in range(rounds):
             for n in thread_counts:
                 round_bw = 0.0
@@ -166,7 +180,7 @@ def run(quick: bool) -> dict:
                     best[(method, n)] = max(best.get((method, n), 0.0), gbs)
                     round_bw = max(round_bw, gbs)
                 for name in configs:
-                    gbs = attention_gbs(pools[(name, n)], *caches[name], tables, q, out_o, out_lse)
+                    gbs = attention_gbs(pools[(name, n)], *caches[name], tables_of[name], q, out_o, out_lse)
                     best[(name, n)] = max(best.get((name, n), 0.0), gbs)
                     paired.setdefault((name, n), []).append(gbs / round_bw)
             log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]}@{k[1]}={v:.1f}" for k, v in sorted(best.items())))
@@ -201,6 +215,9 @@ def run(quick: bool) -> dict:
         native_best_layout_gbs_per_threads=native_best,
         torch_gbs_per_threads=torch_path,
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
+        # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
+        native_hot_gbs_per_threads=series("native_hot"),
+        native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(series("native_hot"), read_bw)],
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
         # Median over rounds of native / read bandwidth measured seconds before it
         # (the host's bandwidth drifts between rounds; this pairs like with like).
@@ -219,15 +236,21 @@ def run(quick: bool) -> dict:
     return result
 
 
+def run_key(result: dict) -> str:
+    """One entry per CPU model and vector ISA: hosts sold under one model name differ (AVX2 or AVX-512)."""
+    hw = result["hardware"]
+    return f"{hw['model']} / {hw['native_isa']}"
+
+
 def load_runs(path: Path) -> dict:
-    """Earlier results by CPU model; a file of the one-run format (before models were kept) becomes one entry."""
+    """Earlier results by CPU model and ISA; a file of the one-run format (before models were kept) becomes one
+    entry."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if "runs" in data:
-        return data["runs"]
-    return {data["hardware"]["model"]: data} if "hardware" in data else {}
+    runs = data["runs"].values() if "runs" in data else ([data] if "hardware" in data else [])
+    return {run_key(run): run for run in runs}
 
 
 def run_rows(result: dict) -> list[str]:
@@ -242,11 +265,12 @@ def run_rows(result: dict) -> list[str]:
     rows = []
     for i, n in enumerate(result["threads_list"]):
         small = result.get("native_4k_pages_gbs_per_threads")
+        hot = result.get("native_hot_gbs_per_threads")
         rows.append(
             f"| {hw['model']} | {hw['native_isa']} / {path} | {page_text} "
             f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
             f"| {result['native_gbs_per_threads'][i]} | {result['native_one_group_gbs_per_threads'][i]} "
-            f"| {small[i] if small else '-'} | {result['torch_gbs_per_threads'][i]} "
+            f"| {small[i] if small else '-'} | {hot[i] if hot else '-'} | {result['torch_gbs_per_threads'][i]} "
             f"| {result['native_frac_of_bw_per_threads'][i]} "
             f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {result['native_vs_torch_per_threads'][i]} |"
         )
@@ -256,16 +280,17 @@ def run_rows(result: dict) -> list[str]:
 def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     runs = load_runs(RESULTS / "cpu_attention.json")
-    runs[result["hardware"]["model"]] = result  # this run replaces its own model's entry only
-    (RESULTS / "cpu_attention.json").write_text(json.dumps({"latest": result["hardware"]["model"], "runs": runs},
+    runs[run_key(result)] = result  # this run replaces its own model's (and ISA's) entry only
+    (RESULTS / "cpu_attention.json").write_text(json.dumps({"latest": run_key(result), "runs": runs},
                                                            indent=2) + "\n")
     hw = result["hardware"]
     d = result["shape"]
     rows = [
         "| CPU model | ISA / bf16 path | huge pages (THP mode: kind) | host cache GiB | threads | read bw GB/s "
-        "| native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages | torch path GB/s "
+        "| native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages "
+        "| native, K/V in cache (compute ceiling) | torch path GB/s "
         "| native / read bw | same, paired per round (median) | native / torch |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in sorted(runs):
         rows += run_rows(runs[model])
@@ -277,8 +302,8 @@ def write_results(result: dict) -> None:
     )
     text = f"""# CPU attention: native kernel vs torch path vs memory read bandwidth
 
-Written by `benchmarks/bench_cpu_attention.py` (full mode), one entry per CPU model: a run replaces the
-entry of its own model and keeps the others. Ratios compare numbers of one run only (one row group);
+Written by `benchmarks/bench_cpu_attention.py` (full mode), one entry per CPU model and vector ISA: a run
+replaces the entry of its own and keeps the others. Ratios compare numbers of one run only (one row group);
 numbers of different hosts were taken on different days and loads.
 
 {hosts}
@@ -290,6 +315,10 @@ numbers of different hosts were taken on different days and loads.
   AVX2, AVX-512F without BF16), fp32 (rows converted to fp32). Huge pages: the transparent huge page mode,
   what the store asked for (thp = madvised) and the share of the K store the kernel backed with 2 MiB pages;
   "native, 4 KiB pages" is the same kernel on a copy of the store without huge pages.
+- "native, K/V in cache": the same kernel, batch and block lists over a cache of {HOT_PAGES} pages (2 MiB of K+V) that stays
+  in the CPU caches, so memory costs nothing: the kernel's compute ceiling. Where it is below the read
+  bandwidth, the kernel is compute-bound on that host and native / read bw cannot pass ceiling / read bw
+  however blocks are prefetched ("-": not measured in that run).
 
 {chr(10).join(rows)}
 
@@ -310,6 +339,9 @@ The plot shows the latest run ({hw["model"]}).
     ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N groups x 1 thread)")
     ax.plot(threads, result["native_one_group_gbs_per_threads"], marker="s", label="native (1 group x N threads)")
     ax.plot(threads, result["torch_gbs_per_threads"], marker="^", label="torch path (N groups)")
+    if result.get("native_hot_gbs_per_threads"):
+        ax.plot(threads, result["native_hot_gbs_per_threads"], ":", marker="D",
+                label="native, K/V in cache (compute ceiling)")
     if result.get("native_4k_pages_gbs_per_threads"):
         ax.plot(threads, result["native_4k_pages_gbs_per_threads"], marker="v", label="native, 4 KiB pages")
     ax.set_xlabel("threads")

@@ -138,6 +138,8 @@ def test_a_cpu_set_confines_unpinned_threads_and_is_read_back():
     assert seen and all(cpus == set(share) for cpus in seen.values())
     with make_pool("torch", num_groups=1) as pool:
         assert pool.thread_cpus() == sorted(os.sched_getaffinity(0))  # no set: the process's CPUs
+    with make_pool("torch", num_groups=3, pin_cores="auto", cpu_set=share) as pool:  # pinned within the share
+        assert all(os.sched_getaffinity(t.native_id) == set(share) for t in pool.threads)
 
 
 def test_empty_batch_is_done_at_once():

@@ -217,7 +217,8 @@ def run(quick: bool) -> dict:
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
         # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
         native_hot_gbs_per_threads=series("native_hot"),
-        native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(series("native_hot"), read_bw)],
+        native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None
+                                           for a, b in zip(series("native_hot"), read_bw)],
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
         # Median over rounds of native / read bandwidth measured seconds before it
         # (the host's bandwidth drifts between rounds; this pairs like with like).
@@ -315,10 +316,10 @@ numbers of different hosts were taken on different days and loads.
   AVX2, AVX-512F without BF16), fp32 (rows converted to fp32). Huge pages: the transparent huge page mode,
   what the store asked for (thp = madvised) and the share of the K store the kernel backed with 2 MiB pages;
   "native, 4 KiB pages" is the same kernel on a copy of the store without huge pages.
-- "native, K/V in cache": the same kernel, batch and block lists over a cache of {HOT_PAGES} pages (2 MiB of K+V) that stays
-  in the CPU caches, so memory costs nothing: the kernel's compute ceiling. Where it is below the read
-  bandwidth, the kernel is compute-bound on that host and native / read bw cannot pass ceiling / read bw
-  however blocks are prefetched ("-": not measured in that run).
+- "native, K/V in cache": the same kernel, batch and block lists over a cache of {HOT_PAGES} pages (2 MiB of
+  K+V) that stays in the CPU caches, so memory costs nothing: the kernel's compute ceiling. Where it is below
+  the read bandwidth, the kernel is compute-bound on that host and native / read bw cannot pass ceiling /
+  read bw however blocks are prefetched ("-": not measured in that run).
 
 {chr(10).join(rows)}
 

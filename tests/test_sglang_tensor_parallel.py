@@ -73,7 +73,8 @@ def test_two_ranks_decode_like_one_at_a_covering_budget_and_report_each_rank(qwe
         assert steps and float(steps.group(1)) == rank["decode_steps"]
     text = (tmp_path / "tp2.log").read_text()
     for rank in range(2):
-        assert f"scout: tensor-parallel rank {rank} of 2 (process {rank} of 2 on this host): 2 query and 1 KV heads" in text
+        said = f"scout: tensor-parallel rank {rank} of 2 (process {rank} of 2 on this host): 2 query and 1 KV heads"
+        assert said in text
 
 
 def test_two_ranks_at_a_sparse_budget_match_the_reference_decoder(qwen3_dir, prompts, tmp_path):

@@ -23,8 +23,8 @@ import time
 import torch
 
 from scout_sglang.core.engine import CoAttentionEngine
-from scout_sglang.cpu_worker.cpu_sets import cpu_list_text
 from scout_sglang.core.shape import ModelShape
+from scout_sglang.cpu_worker.cpu_sets import cpu_list_text
 from scout_sglang.env import (
     config_from_env,
     cpu_deadline_ms,

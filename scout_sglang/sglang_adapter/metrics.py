@@ -71,7 +71,8 @@ class ScoutMetrics:
             _GAUGES.update({name: Gauge(name, text, ("tp_rank",), multiprocess_mode="mostrecent")
                             for name, (text, _) in GAUGES.items()})
             # prometheus_client exposes a Counter named X as X_total
-            _GAUGES.update({name: Counter(name, text, (label, "tp_rank")) for name, (text, label, _) in COUNTERS.items()})
+            _GAUGES.update({name: Counter(name, text, (label, "tp_rank"))
+                            for name, (text, label, _) in COUNTERS.items()})
         return cls(_GAUGES, tp_rank)
 
     def update(self, report: dict) -> None:

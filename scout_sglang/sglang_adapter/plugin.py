@@ -9,7 +9,8 @@ way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
 request release (finish, abort, retraction), an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
-"internal_states"[i]["scout"], and every tensor-parallel rank's in "scout_ranks"), an AFTER hook on the scheduler's release of host
+"internal_states"[i]["scout"], and every tensor-parallel rank's in
+"scout_ranks"), an AFTER hook on the scheduler's release of host
 resources at a graceful exit (each backend's engine closed: its CPU worker
 threads joined), an AFTER hook on the scheduler's run_batch that aborts the
 requests a backend gave up on in that forward (request_failures.py), and the

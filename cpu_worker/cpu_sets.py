@@ -58,6 +58,11 @@ class CpuPlace:
     core: int
 
 
+def alone(cpu: int) -> CpuPlace:
+    """The place of a CPU whose topology is unknown: a core of its own on node 0, in CPU order."""
+    return CpuPlace(0, -1, (1 << 20) + cpu)
+
+
 def host_topology(cpus: Iterable[int], sys_cpu: Path = SYS_CPU, sys_node: Path = SYS_NODE) -> dict[int, CpuPlace]:
     """CpuPlace of each CPU from sysfs; a CPU whose files cannot be read is a core of its own on node 0."""
     node_of: dict[int, int] = {}
@@ -74,7 +79,8 @@ def host_topology(cpus: Iterable[int], sys_cpu: Path = SYS_CPU, sys_node: Path =
             package = int((topology / "physical_package_id").read_text())
             core = int((topology / "core_id").read_text())
         except (OSError, ValueError):
-            package, core = -1, -1 - cpu  # unknown: alone on its core
+            places[cpu] = dataclasses.replace(alone(cpu), node=node_of.get(cpu, 0))
+            continue
         places[cpu] = CpuPlace(node_of.get(cpu, 0), package, core)
     return places
 
@@ -92,7 +98,7 @@ def rank_share(cpus: Iterable[int], local_rank: int, local_ranks: int,
     topology = topology if topology is not None else host_topology(cpus)
     cores: dict[tuple[int, int, int], list[int]] = {}
     for cpu in cpus:
-        place = topology.get(cpu, CpuPlace(0, -1, -1 - cpu))
+        place = topology.get(cpu) or alone(cpu)
         cores.setdefault((place.node, place.package, place.core), []).append(cpu)
     ordered = [cores[key] for key in sorted(cores)]
     if len(ordered) < local_ranks:

@@ -43,6 +43,8 @@ def test_uneven_splits_differ_by_one_core_and_one_rank_takes_everything():
     assert [len(share) // 2 for share in shares] == [2, 2, 1, 1]
     assert len({cpu for share in shares for cpu in share}) == 12
     assert rank_share([3, 1, 2], 0, 1) == [1, 2, 3]
+    # no topology known: each CPU a core of its own, in CPU order
+    assert [rank_share([3, 0, 2, 1], rank, 2, topology={}) for rank in range(2)] == [[0, 1], [2, 3]]
 
 
 def test_more_ranks_than_cores_is_refused_with_the_numbers():

@@ -25,9 +25,10 @@ NEW_TOKENS = 20
 
 
 def tp_env(extra: dict) -> dict:
-    """The CPU device binds each rank's threads where SGLANG_CPU_OMP_THREADS_BIND says (one list per rank)."""
+    """The CPU device binds each rank's threads where SGLANG_CPU_OMP_THREADS_BIND says (one list per rank): half
+    of the CPUs each, whatever cores they sit on (no topology: two hardware threads of one core still split)."""
     cpus = process_cpus()
-    bind = "|".join(cpu_list_text(rank_share(cpus, rank, 2)) for rank in range(2))
+    bind = "|".join(cpu_list_text(rank_share(cpus, rank, 2, topology={})) for rank in range(2))
     return {**SCOUT_ENV, **extra, "SGLANG_CPU_OMP_THREADS_BIND": bind}
 
 

@@ -136,10 +136,9 @@ class ScoutAttnBackend:
                                "its KV cache configurator did not attach (is this sglang 0.5.23?)")
         self.inner = stock_backend(model_runner) if self.layout == "stock" else None
         self.place = rank_place(model_runner.server_args)
-        tp_size = attention_tp_size()
         # Layer count, heads and dtype come from the KV pool (what SGLang's minimal runners also have).
         self.shape = ModelShape(num_layers=pool.layer_num,
-                                num_qo_heads=model_runner.model_config.num_attention_heads // tp_size,
+                                num_qo_heads=model_runner.model_config.num_attention_heads // self.place.attn_tp_size,
                                 num_kv_heads=pool.head_num, head_dim=pool.head_dim)
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             problems = prediction_problems(getattr(model_runner, "model", None), self.shape.num_layers)
@@ -417,17 +416,6 @@ class ScoutAttnBackend:
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]
             self.engine.prefill(rid, layer_id, k, v)
-
-
-def attention_tp_size() -> int:
-    """Attention tensor-parallel ranks (query heads are split across them), from SGLang's parallel state;
-    1 where there is none (SGLang's minimal test runners)."""
-    from sglang.srt.runtime_context import get_parallel
-
-    try:
-        return get_parallel().attn_tp_size
-    except Exception:  # noqa: BLE001 - no parallel state was set up: a single rank
-        return 1
 
 
 def _host_list(forward_batch, name: str) -> list[int]:

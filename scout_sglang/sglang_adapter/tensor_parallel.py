@@ -30,6 +30,7 @@ class RankPlace:
     tp_size: int = 1
     local_rank: int = 0  # index of this process among the server's processes on this host (SGLang's device id)
     local_ranks: int = 1
+    attn_tp_size: int = 1  # ranks the query heads are split across
 
 
 def rank_place(server_args) -> RankPlace:
@@ -38,15 +39,19 @@ def rank_place(server_args) -> RankPlace:
 
     try:
         parallel = get_parallel()
+        attn_tp_size = parallel.attn_tp_size
+    except Exception:  # noqa: BLE001 - no parallel state was set up
+        return RankPlace()
+    try:
         tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
         world = parallel.dp_size * parallel.tp_size * parallel.pp_size
         gpu_id = get_device().gpu_id
-    except Exception:  # noqa: BLE001 - no parallel state was set up
-        return RankPlace()
+    except Exception:  # noqa: BLE001 - a partial parallel state (SGLang's minimal test runners)
+        return RankPlace(attn_tp_size=attn_tp_size)
     local_ranks = max(1, world // max(1, int(getattr(server_args, "nnodes", 1) or 1)))
     base, step = int(getattr(server_args, "base_gpu_id", 0) or 0), int(getattr(server_args, "gpu_id_step", 1) or 1)
     local_rank = ((gpu_id if gpu_id is not None else tp_rank) - base) // step % local_ranks
-    return RankPlace(tp_rank, tp_size, local_rank, local_ranks)
+    return RankPlace(tp_rank, tp_size, local_rank, local_ranks, attn_tp_size)
 
 
 def rank_cpus(place: RankPlace, device, environ: Mapping[str, str] | None = None) -> list[int] | None:

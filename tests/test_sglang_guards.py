@@ -47,7 +47,8 @@ def test_a_request_for_more_sequences_than_the_cap_gets_400_and_one_within_it_is
     chat = {"model": "m", "messages": [{"role": "user", "content": "hello world " * 10}], "max_tokens": 4}
     text = "the quick brown fox jumps over the lazy dog " * 4
     completion = {"model": "m", "prompt": text, "max_tokens": 4}
-    generate = {"text": text, "sampling_params": {"max_new_tokens": 4}}
+    # ignore_eos: the random model samples (n > 1), and a sample may end on <eos> before its 4 tokens
+    generate = {"text": text, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
     with launched_server(model_dir, *ARGS, env=SCOUT_ENV | {"SCOUT_MAX_N": str(MAX_N)},
                          log_path=tmp_path / "cap.log") as base:
         refused = [
@@ -63,7 +64,8 @@ def test_a_request_for_more_sequences_than_the_cap_gets_400_and_one_within_it_is
         served_chat = post_json(base + "/v1/chat/completions", chat | {"n": MAX_N})
         served_completion = post_json(base + "/v1/completions", completion | {"prompt": [text, text], "n": 2})
         served_generate = post_json(base + "/generate", generate | {"sampling_params": {"max_new_tokens": 4,
-                                                                                        "n": MAX_N}})
+                                                                                        "n": MAX_N,
+                                                                                        "ignore_eos": True}})
         assert post_json(base + "/generate", generate)["meta_info"]["completion_tokens"] == 4  # still serving
     for status, body in refused:
         assert status == 400, body

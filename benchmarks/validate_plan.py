@@ -4,8 +4,10 @@ On a CPU-only machine the "device" of the step model is the CPU itself
 (`host_is_device`: launches and compute take turns on one thread): its measured
 memory read bandwidth stands in for HBM, the CPU worker pool's measured K/V
 rate for the CPU attention, the engine's own measured host time per dispatched
-op for the per-launch and per-sync costs, and a measured fp32 matmul rate for
-the peak FLOP rate. The stock backend's per-request attention loop is counted
+op (in decode steps of the served preset) for the per-launch and per-sync
+costs, the measured K/V rates of the stock and the engine's device attention
+kernels for their device K/V, and a measured fp32 matmul rate for the peak FLOP
+rate (engine_rates.py measures the engine's figures). The stock backend's per-request attention loop is counted
 on SGLang's own code. The serving framework's per-step host cost is the one
 figure with no count behind it: it is measured on the stock server at a short
 context (runs that are not validated). Nothing of the model is tuned here: the
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_capacity import bench_serving, peak_running, token_capacity  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STEP_ENV = {"SCOUT_CONFIG": "tiny"}  # the scout server of the step-time runs
 STEP_TOLERANCE = 0.30  # |predicted / measured - 1| allowed for the step time
 DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
 
@@ -68,28 +71,19 @@ def measure_matmul_tflops(*, size: int = 512, rounds: int = 20) -> float:
     return 2 * size**3 * rounds / (time.perf_counter() - start) / 1e12
 
 
-def engine_dispatch_us(num_kv_heads: int) -> tuple[float, str]:
-    """Host microseconds per dispatched op of the engine's own decode layer on this CPU (scout, batch 1): the
-    per-launch cost of a CPU device, where the thread that launches is the one that computes."""
-    import bench_host_overhead
-
-    row = bench_host_overhead.measure("scout", 1, num_kv_heads, "steady", repeats=3)
-    value = 1e3 * row["host_ms_per_layer"] / row["ops_per_layer"]
-    return round(value, 2), (f"measured: the engine's decode layer (scout, batch 1, {num_kv_heads} KV heads, "
-                             f"{bench_host_overhead.CONTEXT} tokens): {row['host_ms_per_layer']} ms / "
-                             f"{row['ops_per_layer']} ops")
-
-
-def cpu_figures(spec) -> dict:
+def cpu_figures(spec, config) -> dict:
     """The step model's Hardware figures with the CPU as the device, each with where it came from; the serving
-    framework's per-step host cost is added by `framework_figures` once the stock server has been measured."""
+    framework's per-step host cost is added by `framework_figures` once the stock server has been measured.
+    `config` is the preset the scout servers run (the engine's own figures are measured on it)."""
+    from engine_rates import engine_attention_gbs, engine_dispatch_us
     from scout_sglang.plan import measure
     from scout_sglang.sglang_adapter.stock_attention_ops import measure_stock_attention_gbs, stock_decode_counts
 
     log("measuring this host: read bandwidth, CPU attention, the engine's dispatch, matmul, stock attention ops")
     read = measure.measure_read_bandwidth()
     attention = measure.measure_cpu_attention()
-    dispatch, dispatch_how = engine_dispatch_us(spec.num_kv_heads)
+    dispatch = engine_dispatch_us(config, spec)
+    engine_rate = engine_attention_gbs(spec, block_size=config.block_size)
     tflops = measure_matmul_tflops()
     stock = stock_decode_counts(num_qo_heads=spec.num_qo_heads, num_kv_heads=spec.num_kv_heads,
                                 head_dim=spec.head_dim)
@@ -101,8 +95,8 @@ def cpu_figures(spec) -> dict:
         "pcie_gbs": [read.value, "the host read bandwidth: a recall is a copy within the same memory"],
         "cpu_attention_gbs": [attention.value, f"measured: {attention.source}"],
         "bf16_tflops": [round(tflops, 4), "measured: fp32 512 x 512 matmul on this CPU (the servers run fp32)"],
-        "launch_us": [dispatch, dispatch_how],
-        "sync_us": [dispatch, "as launch_us (a host read on the CPU waits on no queue)"],
+        "launch_us": [dispatch["value"], dispatch["how"]],
+        "sync_us": [dispatch["value"], "as launch_us (a host read on the CPU waits on no queue)"],
         "model_launches_per_layer": [0.0, "the model's own ops are inside the per-step host cost below"],
         "cuda_graphs_for_stock": [False, "the CPU server decodes without graphs (its log: cpu graph: False)"],
         "host_is_device": [True, "the CPU is the device: launches and compute take turns on one thread"],
@@ -110,9 +104,9 @@ def cpu_figures(spec) -> dict:
         "stock_launches_per_request": [stock.ops_per_request, stock_how],
         "stock_syncs_per_request": [stock.scalar_reads_per_request, stock_how],
         "device_attention_gbs": [round(max(stock_rates), 2), "measured: SGLang's torch_native decode loop on this "
-                                 "model's shapes, batch 4, K/V of 2048 over 256 tokens a request, best of 3; "
-                                 "used for every mode's device K/V (the engine's own device kernels are not "
-                                 "timed apart)"],
+                                 "model's shapes, batch 4, K/V of 2048 over 256 tokens a request, median of 20 "
+                                 "calls, best of 3 runs"],
+        "engine_attention_gbs": [engine_rate["value"], engine_rate["how"]],
     }
 
 
@@ -258,7 +252,7 @@ def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> 
     bench = lambda batch, input_len: dict(num_prompts=batch, input_len=input_len, output_len=output_len)  # noqa: E731
     total = max(b * (i + output_len) for b, i in settings) * 2
     running = max(b for b, _ in settings)
-    env = {"SCOUT_CONFIG": "tiny"}
+    env = STEP_ENV
     config = config_from_env(env)
     measured = {}
     warmup = bench(running, args.calibration_input_len)  # a server's first requests run slower: not measured
@@ -352,6 +346,10 @@ def write_results(summary: dict) -> None:
               "(counted on this engine at its measured batches, at the measured number of KV heads nearest the "
               "model's), not from this run. The scout backend's own work around the engine (reshapes, the KV "
               "write, the per-step batch bookkeeping) is not counted.",
+              "- The engine's per-op host cost is measured in its decode steps on the served preset (its recall "
+              "policy and CPU part included, the CPU worker beside it) at a short context, apart from the servers; "
+              "the K/V rates of both attention kernels are the median call, measured apart from the servers "
+              "too.",
               "- One run on a 2-core host; each number is one measurement (the median of a run's decode steps)."]
     (RESULTS / "plan_validation.md").write_text("\n".join(lines) + "\n")
 
@@ -420,7 +418,9 @@ def main(argv=None) -> int:
         model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=args.num_layers, hidden=64,
                                          num_heads=4, num_kv_heads=2, head_dim=16, max_positions=16384))
         spec = load_model(model_path)
-        figures = cpu_figures(spec)
+        from scout_sglang.env import config_from_env
+
+        figures = cpu_figures(spec, config_from_env(STEP_ENV))
         cap = validate_capacity(model_path, spec, workdir, args)
         step, figures, calibration = validate_step(model_path, spec, figures, workdir, args)
         (RESULTS / "server-logs").mkdir(parents=True, exist_ok=True)

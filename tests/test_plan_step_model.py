@@ -186,3 +186,17 @@ def test_recall_steps_add_their_extra_counts_by_the_policys_share(tmp_path):
     assert recall_share("scout", adaptive, Workload(batch_size=1, context=64, change_rate=0.15)) == 1.0
     assert recall_share("hgca", adaptive, Workload(batch_size=1, context=64)) == 0.0
     assert recall_share("scout", ScoutConfig(recall_policy="off"), Workload(batch_size=1, context=64)) == 0.0
+
+
+def test_the_engines_kernel_rate_prices_every_mode_but_stock():
+    """An engine kernel at half the stock kernel's rate doubles the time of the K/V the engine's modes attend
+    on the device (quest's dense layer 0 among them), and leaves the stock step ("full") alone."""
+    work = Workload(batch_size=1, context=100, itemsize=2)
+    stock_hw = dataclasses.replace(HW, device_attention_gbs=1.0)
+    engine_hw = dataclasses.replace(stock_hw, engine_attention_gbs=0.5)
+    stock = step_time("full", CONFIG, SPEC, stock_hw, work)
+    assert step_time("full", CONFIG, SPEC, engine_hw, work).step_ms == pytest.approx(stock.step_ms)
+    quest = step_time("quest", CONFIG, SPEC, stock_hw, work, host_overhead_path="/nonexistent")
+    slower = step_time("quest", CONFIG, SPEC, engine_hw, work, host_overhead_path="/nonexistent")
+    dense_kv = 100 * TOKEN  # layer 0 of quest is dense: every token's K/V on the device
+    assert slower.step_ms - quest.step_ms >= dense_kv / 1e9 * 1e3 * (1 / 0.5 - 1) - 1e-12

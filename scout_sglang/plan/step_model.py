@@ -89,6 +89,10 @@ class Hardware:
         K/V bytes per second the device's attention kernel reads; 0 means the HBM bandwidth (a GPU decode
         kernel at long context runs near it). A CPU's attention kernels at small head dims run far below
         its memory bandwidth, so a CPU device gives the rate measured on its kernel.
+    engine_attention_gbs : float
+        The same for the engine's own device attention kernel (every mode but stock: its dense layers and its
+        device part); 0 means `device_attention_gbs`. On a GPU both run near the HBM bandwidth; on a CPU device
+        they are different torch code and are measured apart.
     """
 
     hbm_gbs: float
@@ -106,6 +110,7 @@ class Hardware:
     stock_launches_per_request: float = 0.0
     stock_syncs_per_request: float = 0.0
     device_attention_gbs: float = 0.0
+    engine_attention_gbs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
     t_launch, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
-    kv_rate = hw.device_attention_gbs or hw.hbm_gbs
+    kv_rate = (0.0 if mode == STOCK else hw.engine_attention_gbs) or hw.device_attention_gbs or hw.hbm_gbs
     step_host = (hw.step_host_ms + hw.step_host_ms_per_request * batch + plan_ms) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
     totals = dict(hbm=0.0, cpu=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)

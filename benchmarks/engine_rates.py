@@ -9,15 +9,14 @@ server runs:
   is small; divided by the ops of one step counted with a TorchDispatchMode.
 * K/V bytes per second of the engine's device attention kernel (the kernel its
   dense layers and device part call, kernels.sparse_decode): the extra K/V of a
-  long over a short context over the extra time, best of several rounds, so that
-  the per-call costs cancel (as the stock kernel's rate is measured); the median
-  call of each, as a server's decode rate is the median of its steps.
+  long over a short context over the extra time, the median call of each, as the
+  stock kernel's rate is measured (plan.measure.extra_kv_gbs).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -27,6 +26,7 @@ from scout_sglang.core.op_counter import OpCounter
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import bucket
 from scout_sglang.kernels.sparse_decode import sparse_decode
+from scout_sglang.plan.measure import extra_kv_gbs
 
 DTYPE = torch.float32  # the validated servers run float32
 
@@ -87,18 +87,9 @@ def engine_attention_gbs(spec, *, block_size: int, batch: int = 4, short: int = 
                          rounds: int = 20) -> dict:
     """GB/s of K/V the engine's device attention kernel gets through: every block of each request's context
     listed, the table as wide as the engine makes it (the next power of two of the blocks)."""
-    typical = {}
-    for context in (short, long):
-        inputs = _sparse_inputs(spec, batch, context, block_size)
-        sparse_decode(**inputs)  # warm-up
-        times = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            sparse_decode(**inputs)
-            times.append(time.perf_counter() - start)
-        typical[context] = statistics.median(times)
-    extra_bytes = batch * spec.num_kv_heads * (long - short) * 2 * spec.head_dim * DTYPE.itemsize  # K and V
-    value = extra_bytes / max(typical[long] - typical[short], 1e-9) / 1e9
+    value = extra_kv_gbs(lambda context: partial(sparse_decode, **_sparse_inputs(spec, batch, context, block_size)),
+                         short=short, long=long, rounds=rounds,
+                         bytes_per_token=batch * spec.num_kv_heads * 2 * spec.head_dim * DTYPE.itemsize)  # K, V
     how = (f"measured: the engine's device attention kernel (kernels.sparse_decode, {sparse_kernel_impl()} path) "
            f"on this model's shapes, batch {batch}, blocks of {block_size}, K/V of {long} over {short} tokens a "
            f"request, median of {rounds}")

@@ -11,6 +11,7 @@ not a benchmark (that one is bench_cpu_attention.py).
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -104,3 +105,21 @@ def measure_dispatch_us(*, ops: int = 20000) -> Figure:
         torch.add(a, b, out=out)
     return Figure(round((time.perf_counter() - start) / ops * 1e6, 2), "us", "measured",
                   f"torch.add on 8 elements, {ops} times, on this host")
+
+
+def extra_kv_gbs(decode_at, *, short: int, long: int, bytes_per_token: int, rounds: int = 20) -> float:
+    """GB/s of K/V an attention kernel gets through: `decode_at(context)` returns a callable that decodes one
+    step at that context; the extra K/V of `long` over `short` tokens (`bytes_per_token` for the whole batch)
+    over the extra time, the median call of `rounds` each (the typical call, as a server's decode rate is the
+    median of its steps), so that the per-call costs cancel out."""
+    typical = {}
+    for context in (short, long):
+        decode = decode_at(context)
+        decode()  # warm-up
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            decode()
+            times.append(time.perf_counter() - start)
+        typical[context] = statistics.median(times)
+    return bytes_per_token * (long - short) / max(typical[long] - typical[short], 1e-9) / 1e9

@@ -14,8 +14,6 @@ timed at two contexts, gives the rate at which it gets through K/V on this CPU.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -70,21 +68,16 @@ def _count(batch: int, context: int, num_qo_heads: int, num_kv_heads: int, head_
 
 def measure_stock_attention_gbs(*, num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int = 4,
                                 short: int = 256, long: int = 2048, rounds: int = 20) -> float:
-    """GB/s of K/V the stock CPU decode attention gets through per layer: the extra K/V of `long` over `short`
-    contexts over the extra time (the median of `rounds` each: the typical call, as a server's decode rate is the
-    median of its steps), so its per-request op costs cancel out."""
-    typical = {}
-    for context in (short, long):
+    """GB/s of K/V the stock CPU decode attention gets through per layer (measure.extra_kv_gbs: the extra K/V of
+    `long` over `short` contexts over the extra time, so its per-request op costs cancel out)."""
+    from scout_sglang.plan.measure import extra_kv_gbs
+
+    def decode_at(context):
         inputs = _decode_inputs(batch, context, num_qo_heads, num_kv_heads, head_dim)
-        _decode(inputs, num_qo_heads, num_kv_heads, head_dim)  # warm-up
-        times = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            _decode(inputs, num_qo_heads, num_kv_heads, head_dim)
-            times.append(time.perf_counter() - start)
-        typical[context] = statistics.median(times)
-    extra_bytes = batch * num_kv_heads * (long - short) * 2 * head_dim * 4  # K and V, float32
-    return extra_bytes / max(typical[long] - typical[short], 1e-9) / 1e9
+        return lambda: _decode(inputs, num_qo_heads, num_kv_heads, head_dim)
+
+    return extra_kv_gbs(decode_at, short=short, long=long, rounds=rounds,
+                        bytes_per_token=batch * num_kv_heads * 2 * head_dim * 4)  # K and V, float32
 
 
 def stock_decode_counts(*, num_qo_heads: int, num_kv_heads: int, head_dim: int, context: int = 64) -> StockDecodeCounts:

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,26 @@ def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, ou
     return bytes_per_batch * len(tables) / (time.perf_counter() - start) / 1e9
 
 
+def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_cache, tables) -> float:
+    """GB/s of reading the K/V blocks of `tables` as the kernel walks them (same lists, order and prefetch) without
+    computing anything: what the memory system gives this access pattern of random blocks. `num_threads` threads
+    split each batch by sequence, as N groups of one thread do."""
+    module = load_native().module
+    b, h = SHAPE["batch_size"], SHAPE["num_kv_heads"]
+    group_size = SHAPE["num_qo_heads"] // h
+    block_bytes = 2 * SHAPE["block_size"] * SHAPE["head_dim"] * 2  # K and V of one block, bf16
+
+    def part(t, table, counts):
+        for i in range(t, b, num_threads):
+            module.read_blocks(k_cache, v_cache, table, counts, i, group_size, 0, h)
+
+    start = time.perf_counter()
+    for table, counts in tables:
+        for future in [executor.submit(part, t, table, counts) for t in range(num_threads)]:
+            future.result()
+    return sum(int(counts.sum()) for _, counts in tables) * block_bytes / (time.perf_counter() - start) / 1e9
+
+
 def run(quick: bool) -> dict:
     torch.set_num_threads(1)  # every measurement thread is single-threaded; parallelism is ours
     load_before = os.getloadavg()[0]  # the host is shared: other work shows here
@@ -168,6 +189,7 @@ def run(quick: bool) -> dict:
     caches["native_hot"] = (hot_k, hot_v)
     tables_of = {name: hot_tables if name == "native_hot" else tables for name in configs}
     pools = {(name, n): CpuAttentionPool(**make(n)) for name, make in configs.items() for n in thread_counts}
+    readers = {n: ThreadPoolExecutor(max_workers=n) for n in thread_counts} if native_ok else {}
     best: dict = {}
     paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
     try:
@@ -179,6 +201,9 @@ def run(quick: bool) -> dict:
                 for method, gbs in read_bandwidth_gbs(bw_buf, n).items():
                     best[(method, n)] = max(best.get((method, n), 0.0), gbs)
                     round_bw = max(round_bw, gbs)
+                if n in readers:
+                    gbs = block_read_gbs(readers[n], n, k_cache, v_cache, tables)
+                    best[("block_read", n)] = max(best.get(("block_read", n), 0.0), gbs)
                 for name in configs:
                     gbs = attention_gbs(pools[(name, n)], *caches[name], tables_of[name], q, out_o, out_lse)
                     best[(name, n)] = max(best.get((name, n), 0.0), gbs)
@@ -187,6 +212,8 @@ def run(quick: bool) -> dict:
     finally:
         for pool in pools.values():
             pool.shutdown()
+        for reader in readers.values():
+            reader.shutdown()
 
     def series(name):
         return [round(best[(name, n)], 2) if (name, n) in best else None for n in thread_counts]
@@ -220,6 +247,12 @@ def run(quick: bool) -> dict:
         native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None
                                            for a, b in zip(series("native_hot"), read_bw)],
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
+        # The kernel's random K/V blocks read without compute, and what share of it the kernel reaches.
+        block_read_gbs_per_threads=series("block_read"),
+        block_read_frac_of_bw_per_threads=[round(a / b, 3) if a else None
+                                           for a, b in zip(series("block_read"), read_bw)],
+        native_frac_of_block_read_per_threads=[round(a / b, 3) if a and b else None
+                                               for a, b in zip(native, series("block_read"))],
         # Median over rounds of native / read bandwidth measured seconds before it
         # (the host's bandwidth drifts between rounds; this pairs like with like).
         native_frac_of_bw_paired_median_per_threads=paired_median("native"),
@@ -267,13 +300,17 @@ def run_rows(result: dict) -> list[str]:
     for i, n in enumerate(result["threads_list"]):
         small = result.get("native_4k_pages_gbs_per_threads")
         hot = result.get("native_hot_gbs_per_threads")
+        block_read = result.get("block_read_gbs_per_threads") or [None] * len(result["threads_list"])
+        of_block_read = result.get("native_frac_of_block_read_per_threads") or [None] * len(result["threads_list"])
         rows.append(
             f"| {hw['model']} | {hw['native_isa']} / {path} | {page_text} "
             f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
+            f"| {block_read[i] or '-'} "
             f"| {result['native_gbs_per_threads'][i]} | {result['native_one_group_gbs_per_threads'][i]} "
             f"| {small[i] if small else '-'} | {hot[i] if hot else '-'} | {result['torch_gbs_per_threads'][i]} "
             f"| {result['native_frac_of_bw_per_threads'][i]} "
-            f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {result['native_vs_torch_per_threads'][i]} |"
+            f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {of_block_read[i] or '-'} "
+            f"| {result['native_vs_torch_per_threads'][i]} |"
         )
     return rows
 
@@ -288,10 +325,10 @@ def write_results(result: dict) -> None:
     d = result["shape"]
     rows = [
         "| CPU model | ISA / bf16 path | huge pages (THP mode: kind) | host cache GiB | threads | read bw GB/s "
-        "| native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages "
+        "| the random blocks read, no compute GB/s | native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages "
         "| native, K/V in cache (compute ceiling) | torch path GB/s "
-        "| native / read bw | same, paired per round (median) | native / torch |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| native / read bw | same, paired per round (median) | native / blocks read | native / torch |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in sorted(runs):
         rows += run_rows(runs[model])
@@ -320,6 +357,11 @@ numbers of different hosts were taken on different days and loads.
   K+V) that stays in the CPU caches, so memory costs nothing: the kernel's compute ceiling. Where it is below
   the read bandwidth, the kernel is compute-bound on that host and native / read bw cannot pass ceiling /
   read bw however blocks are prefetched ("-": not measured in that run).
+- "the random blocks read, no compute": the kernel's own walk over the same block lists (same order, same
+  prefetch trickle, `read_blocks` in the native module), reading every K and V line and computing nothing,
+  N threads splitting each batch by sequence. It is what the memory system gives 8 KiB blocks at random
+  addresses; where it is below the read bandwidth, no kernel that reads these blocks can reach the read
+  bandwidth, and native / blocks read says how close the kernel comes to its memory limit.
 
 {chr(10).join(rows)}
 

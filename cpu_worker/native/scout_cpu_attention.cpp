@@ -34,6 +34,8 @@
 //   generic_fp32.h   fp16/fp32 (any ISA) path;  avx512_bf16.h  vdpbf16ps path
 //   split_bf16.h     bf16 path of AVX2 / AVX-512F without BF16
 //   amx_bf16.h       AMX tile path;  attend.h  path choice and the block loop
+//   read_ceiling.h   the same block walk without compute (the benchmark's
+//                    memory ceiling of this access pattern)
 
 #include <torch/extension.h>
 
@@ -42,6 +44,7 @@
 #include <string>
 
 #include "attend.h"
+#include "read_ceiling.h"
 
 namespace {
 
@@ -112,6 +115,34 @@ int64_t copy_rows(const torch::Tensor& src, const torch::Tensor& src_rows, const
   return copied;
 }
 
+// Reads (and XORs) the K/V blocks a decode() call of the same arguments would
+// read, with the same prefetch and no compute: the access pattern's memory
+// ceiling, for the benchmark (read_ceiling.h). Any dtype; the wrapper checks.
+int64_t read_blocks_of(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& block_table,
+                    const torch::Tensor& counts, int64_t batch_index, int64_t group_size, int64_t head_begin,
+                    int64_t head_end) {
+  const int64_t num_kv_heads = k_cache.size(1), capacity = block_table.size(2);
+  const Dims d{group_size, k_cache.size(2), k_cache.size(3)};
+  const int32_t* table = block_table.data_ptr<int32_t>() + batch_index * num_kv_heads * capacity;
+  const int32_t* cnt = counts.data_ptr<int32_t>() + batch_index * num_kv_heads;
+  uint64_t x = 0;
+  switch (k_cache.scalar_type()) {
+    case torch::kBFloat16:
+      x = read_blocks<bf16>(k_cache.data_ptr<bf16>(), v_cache.data_ptr<bf16>(), table, cnt, num_kv_heads, capacity,
+                            d, head_begin, head_end);
+      break;
+    case torch::kFloat16:
+      x = read_blocks<fp16>(k_cache.data_ptr<fp16>(), v_cache.data_ptr<fp16>(), table, cnt, num_kv_heads, capacity,
+                            d, head_begin, head_end);
+      break;
+    default:
+      x = read_blocks<float>(k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), table, cnt, num_kv_heads,
+                             capacity, d, head_begin, head_end);
+      break;
+  }
+  return static_cast<int64_t>(x >> 1);
+}
+
 // The vector ISA compiled in, and the bf16 path this process would take.
 std::string isa() {
   std::string name = kIsa;
@@ -135,6 +166,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Sparse decode attention of one sequence over a range of KV heads (GIL released).",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("copy_rows", &copy_rows, "Row copies of a fixed-length list, skipping its scratch entries (GIL released).",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("read_blocks", &read_blocks_of,
+        "Read the K/V blocks of one sequence's heads as decode() would, without compute (GIL released).",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
   m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");

@@ -37,6 +37,7 @@ from scout_sglang.plan.measure import read_bandwidth_gbs
 RESULTS = Path(__file__).resolve().parent / "results"
 HOT_PAGES = 16  # the cache-resident run: 16 pages of K and V, 2 MiB together
 SHAPE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, block_size=32, batch_size=8, blocks_per_head=64)
+BLOCK_BYTES = 2 * SHAPE["block_size"] * SHAPE["head_dim"] * 2  # K and V of one block, bf16
 FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
 
@@ -120,8 +121,7 @@ def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch
 def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
     """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order)."""
     d = SHAPE
-    block_bytes = 2 * d["block_size"] * d["head_dim"] * 2  # K and V of one block, bf16
-    bytes_per_batch = int(tables[0][1].sum()) * block_bytes  # the tables of one run list as many blocks
+    bytes_per_batch = int(tables[0][1].sum()) * BLOCK_BYTES  # the tables of one run list as many blocks
     start = time.perf_counter()
     handles = []
     for table, counts in tables:
@@ -142,7 +142,6 @@ def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_ca
     module = load_native().module
     b, h = SHAPE["batch_size"], SHAPE["num_kv_heads"]
     group_size = SHAPE["num_qo_heads"] // h
-    block_bytes = 2 * SHAPE["block_size"] * SHAPE["head_dim"] * 2  # K and V of one block, bf16
 
     def part(t, table, counts):
         for i in range(t, b, num_threads):
@@ -152,7 +151,7 @@ def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_ca
     for table, counts in tables:
         for future in [executor.submit(part, t, table, counts) for t in range(num_threads)]:
             future.result()
-    return sum(int(counts.sum()) for _, counts in tables) * block_bytes / (time.perf_counter() - start) / 1e9
+    return sum(int(counts.sum()) for _, counts in tables) * BLOCK_BYTES / (time.perf_counter() - start) / 1e9
 
 
 def run(quick: bool) -> dict:

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "amx_bf16.h"
 #include "avx512_bf16.h"
@@ -69,20 +70,15 @@ inline int64_t prefetch_steps(Path path, const Dims& d) {
   return std::max<int64_t>(steps, 1);
 }
 
-template <typename T, typename O>
-void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
-            int64_t num_kv_heads, int64_t capacity, const Dims& d, float scale, int64_t head_begin,
-            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse) {
-  static thread_local Scratch scratch;
-  scratch.reserve(d);
-  const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
-  const int64_t head_stride = S * D, page_stride = num_kv_heads * head_stride;
-  const Path path = choose_path<T>(d);
-
-  // All (K, V) block pointers of this call, in order, so the loop can
-  // prefetch the next one even across a head boundary.
-  auto& blocks = scratch.blocks;
-  auto& first = scratch.head_first;
+// The (K, V) block pointers, in order, of split `split_index` of `num_splits`
+// of each head's list in [head_begin, head_end), and first[h - head_begin] =
+// index of head h's first block (first[end] = the total).
+template <typename T>
+void list_blocks(const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
+                 int64_t num_kv_heads, int64_t capacity, const Dims& d, int64_t head_begin, int64_t head_end,
+                 int64_t split_index, int64_t num_splits, std::vector<const void*>& blocks,
+                 std::vector<int64_t>& first) {
+  const int64_t head_stride = d.block_size * d.head_dim, page_stride = num_kv_heads * head_stride;
   blocks.clear();
   first.assign(head_end - head_begin + 1, 0);
   for (int64_t h = head_begin; h < head_end; ++h) {
@@ -95,8 +91,25 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       blocks.push_back(v_cache + page * page_stride + h * head_stride);
     }
   }
+  first[head_end - head_begin] = static_cast<int64_t>(blocks.size() / 2);
+}
+
+template <typename T, typename O>
+void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
+            int64_t num_kv_heads, int64_t capacity, const Dims& d, float scale, int64_t head_begin,
+            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse) {
+  static thread_local Scratch scratch;
+  scratch.reserve(d);
+  const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
+  const Path path = choose_path<T>(d);
+
+  // All (K, V) block pointers of this call, in order, so the loop can
+  // prefetch the next one even across a head boundary.
+  auto& blocks = scratch.blocks;
+  auto& first = scratch.head_first;
+  list_blocks(k_cache, v_cache, table, counts, num_kv_heads, capacity, d, head_begin, head_end, split_index,
+              num_splits, blocks, first);
   const int64_t total = static_cast<int64_t>(blocks.size() / 2);
-  first[head_end - head_begin] = total;
   const int64_t block_bytes = S * D * static_cast<int64_t>(sizeof(T));
   const int64_t steps = prefetch_steps(path, d);
   const int64_t far_ways = path == Path::kSplit ? kSplitFarWays : kFarWays;

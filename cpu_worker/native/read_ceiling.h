@@ -20,19 +20,12 @@ namespace {
 template <typename T>
 uint64_t read_blocks(const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
                      int64_t num_kv_heads, int64_t capacity, const Dims& d, int64_t head_begin, int64_t head_end) {
-  const int64_t S = d.block_size, D = d.head_dim;
-  const int64_t head_stride = S * D, page_stride = num_kv_heads * head_stride;
   const Path path = choose_path<T>(d);
   std::vector<const void*> blocks;
-  for (int64_t h = head_begin; h < head_end; ++h) {
-    for (int64_t i = 0; i < counts[h]; ++i) {
-      const int64_t page = table[h * capacity + i];
-      blocks.push_back(k_cache + page * page_stride + h * head_stride);
-      blocks.push_back(v_cache + page * page_stride + h * head_stride);
-    }
-  }
+  std::vector<int64_t> first;
+  list_blocks(k_cache, v_cache, table, counts, num_kv_heads, capacity, d, head_begin, head_end, 0, 1, blocks, first);
   const int64_t total = static_cast<int64_t>(blocks.size() / 2);
-  const int64_t block_bytes = S * D * static_cast<int64_t>(sizeof(T));
+  const int64_t block_bytes = d.block_size * d.head_dim * static_cast<int64_t>(sizeof(T));
   const int64_t lines = block_bytes / 64, steps = prefetch_steps(path, d);
   const int64_t far_ways = path == Path::kSplit ? kSplitFarWays : kFarWays;
   const int64_t per_step = std::max<int64_t>(1, lines / std::max<int64_t>(steps, 1));

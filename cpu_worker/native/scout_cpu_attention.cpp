@@ -117,10 +117,11 @@ int64_t copy_rows(const torch::Tensor& src, const torch::Tensor& src_rows, const
 
 // Reads (and XORs) the K/V blocks a decode() call of the same arguments would
 // read, with the same prefetch and no compute: the access pattern's memory
-// ceiling, for the benchmark (read_ceiling.h). Any dtype; the wrapper checks.
+// ceiling, for the benchmark only (read_ceiling.h): bf16, fp16 or fp32, in the
+// layout decode() takes; nothing is validated, the benchmark builds the inputs.
 int64_t read_blocks_of(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& block_table,
-                    const torch::Tensor& counts, int64_t batch_index, int64_t group_size, int64_t head_begin,
-                    int64_t head_end) {
+                       const torch::Tensor& counts, int64_t batch_index, int64_t group_size, int64_t head_begin,
+                       int64_t head_end) {
   const int64_t num_kv_heads = k_cache.size(1), capacity = block_table.size(2);
   const Dims d{group_size, k_cache.size(2), k_cache.size(3)};
   const int32_t* table = block_table.data_ptr<int32_t>() + batch_index * num_kv_heads * capacity;

@@ -4,6 +4,8 @@ worker is used again; and, with the fault injector ending the real worker's thre
 device-only and back while its outputs stay those of a run without faults."""
 
 import logging
+import random
+from collections import deque
 
 import pytest
 import torch
@@ -63,6 +65,49 @@ def test_a_worker_that_mostly_works_or_failed_long_ago_stays_in_use():
     health.record(True, "error")
     health.record(False)
     assert not health.device_only and health.switches == 0
+
+
+class NoWalk(deque):
+    """A window that may be appended to and popped from either end, but not walked."""
+
+    def __iter__(self):
+        raise AssertionError("record() walked the whole window: its cost grows with the parts it holds")
+
+
+def test_a_record_does_not_walk_the_window():
+    """A busy GPU server hands the worker thousands of parts a second (layers x steps), all in the 10 s window:
+    a record that sums the window would cost milliseconds of host time per decode step."""
+    clock = Clock(tick=1e-3)
+    health = CpuWorkerHealth(window_s=10, failures=3, failed_share=0.5, clock=clock)
+    health._outcomes = NoWalk()
+    for i in range(30_000):  # 30 s of parts: the window fills, then slides
+        health.record(i % 7 == 0, "error")
+    assert not health.device_only and len(health._outcomes) == 10_000
+
+
+def test_the_switch_decisions_equal_a_recount_of_the_window():
+    """The running count of failures gives every decision a full recount of the window gives."""
+    rng = random.Random(0)
+    clock = Clock()
+    health = CpuWorkerHealth(window_s=1.0, failures=4, failed_share=0.5, cool_down_s=0.5, clock=clock)
+    outcomes, open_until, switched = [], None, 0
+    for _ in range(5_000):
+        clock.now += rng.expovariate(20.0)
+        failed = rng.random() < (0.7 if (clock.now // 3) % 2 else 0.1)  # failing spells, then good ones
+        now = clock.now
+        if open_until is not None and now < open_until:
+            pass
+        elif open_until is not None:
+            open_until = now + 0.5 if failed else None
+            outcomes = [] if not failed else outcomes
+        else:
+            outcomes = [(t, f) for t, f in outcomes + [(now, failed)] if t >= now - 1.0]
+            count = sum(f for _, f in outcomes)
+            if failed and count >= 4 and count >= 0.5 * len(outcomes):
+                open_until, switched = now + 0.5, switched + 1
+        health.record(failed, "error")
+        assert health.device_only == (open_until is not None and now < open_until)
+    assert health.switches == switched > 10
 
 
 def test_an_engine_whose_worker_threads_end_goes_device_only_and_back_without_changing_its_outputs(

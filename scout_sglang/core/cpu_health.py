@@ -36,6 +36,8 @@ class CpuWorkerHealth:
         self.window_s, self.failures, self.failed_share, self.cool_down_s = window_s, failures, failed_share, cool_down_s
         self._clock = clock
         self._outcomes: deque[tuple[float, bool]] = deque()  # (time, failed) of the parts handed to the worker
+        self._failed_in_window = 0  # failed outcomes in _outcomes, kept as they come and go: a record costs
+        # the same however many parts the window holds (thousands a second on a busy server)
         self._open_until: float | None = None  # device-only until then; None: the worker is used
         self.switches = 0  # times decoding went device-only
 
@@ -62,12 +64,14 @@ class CpuWorkerHealth:
             else:
                 self._open_until = None
                 self._outcomes.clear()
+                self._failed_in_window = 0
                 logger.warning("scout: the CPU attention worker is healthy again: co-attention resumes")
             return
         self._outcomes.append((now, failed))
+        self._failed_in_window += failed
         while self._outcomes and self._outcomes[0][0] < now - self.window_s:
-            self._outcomes.popleft()
-        failed_count = sum(f for _, f in self._outcomes)
+            self._failed_in_window -= self._outcomes.popleft()[1]
+        failed_count = self._failed_in_window
         if failed and failed_count >= self.failures and failed_count >= self.failed_share * len(self._outcomes):
             self._open_until = now + self.cool_down_s
             self.switches += 1

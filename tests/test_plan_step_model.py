@@ -200,3 +200,28 @@ def test_the_engines_kernel_rate_prices_every_mode_but_stock():
     slower = step_time("quest", CONFIG, SPEC, engine_hw, work, host_overhead_path="/nonexistent")
     dense_kv = 100 * TOKEN  # layer 0 of quest is dense: every token's K/V on the device
     assert slower.step_ms - quest.step_ms >= dense_kv / 1e9 * 1e3 * (1 / 0.5 - 1) - 1e-12
+
+
+def test_the_plugins_own_launches_are_priced_per_layer_and_per_predicted_layer(tmp_path):
+    """Around the engine the plugin adds its decode wrapper in every layer of an engine mode and the layer-ahead
+    prediction in the layers that take one (scout and infinigen, the offloaded layers after the first: layer 1
+    of the two here); the stock backend gets neither."""
+    path = _counts_file(tmp_path, ops_per_layer=0.0, launches_per_layer=0.0, plan_host_ms=0.0)
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.0)
+    cpu = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=10.0, sync_us=0.0,
+                   model_launches_per_layer=0.0, host_is_device=True, cuda_graphs_for_stock=False)
+    plugin = dataclasses.replace(cpu, adapter_launches_per_layer=15.0, adapter_launches_per_predicted_layer=22.0)
+    for mode, predicted_layers in (("scout", 1), ("infinigen", 1), ("quest", 0), ("hgca", 0)):
+        without = step_time(mode, CONFIG, SPEC, cpu, work, host_overhead_path=path).step_ms
+        added = step_time(mode, CONFIG, SPEC, plugin, work, host_overhead_path=path).step_ms - without
+        assert added == pytest.approx((2 * 15 + predicted_layers * 22) * 10e-3), mode
+    all_offloaded = CONFIG.replace(dense_layers=())  # layer 0 offloaded too, but no layer before it to predict it
+    added = (step_time("scout", all_offloaded, SPEC, plugin, work, host_overhead_path=path).step_ms
+             - step_time("scout", all_offloaded, SPEC, cpu, work, host_overhead_path=path).step_ms)
+    assert added == pytest.approx((2 * 15 + 22) * 10e-3)
+    no_ahead = CONFIG.replace(layer_ahead=False)
+    added = (step_time("scout", no_ahead, SPEC, plugin, work, host_overhead_path=path).step_ms
+             - step_time("scout", no_ahead, SPEC, cpu, work, host_overhead_path=path).step_ms)
+    assert added == pytest.approx(2 * 15 * 10e-3)
+    stock = [step_time("full", CONFIG, SPEC, hw, work).step_ms for hw in (cpu, plugin)]
+    assert stock[0] == stock[1]

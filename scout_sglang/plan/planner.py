@@ -30,6 +30,11 @@ ASSUMED_MEM_FRACTION = 0.88  # SGLang's --mem-fraction-static: weights + K/V sha
 ASSUMED_CHANGE_RATE = 0.15  # ScoutAttention reports < 15% of selected blocks changing between tokens
 ASSUMED_LAUNCH_US, ASSUMED_SYNC_US = 5.0, 20.0
 ASSUMED_MODEL_LAUNCHES = 10.0  # norms, qkv, rope, o_proj, residual, gate_up, activation, down per layer
+# The plugin's launches around the engine per decode layer, as sglang_adapter/adapter_ops.py counts them (the same
+# at every batch and head count; a test keeps these equal to its count): the decode wrapper in every engine
+# layer, and the layer-ahead prediction (without / with a per-head q_norm) in each layer that takes one.
+ADAPTER_WRAPPER_LAUNCHES = 15.0
+ADAPTER_PREDICTION_LAUNCHES = {False: 22.0, True: 28.0}
 FLAGS = {  # PlanRequest.overrides key -> the command-line flag that sets it
     "gpu_memory": "--gpu-mem-gib", "hbm_bandwidth": "--hbm-gbs", "pcie_bandwidth": "--pcie-gbs",
     "peak_bf16": "--tflops", "cpu_attention": "--cpu-gbs", "launch_us": "--launch-us", "sync_us": "--sync-us",
@@ -137,6 +142,13 @@ def gather_inputs(request: PlanRequest) -> dict[str, Figure]:
         ASSUMED_CHANGE_RATE, "", "assumed", "ScoutAttention: < 15% of selected blocks change per token"))
     figures["model_launches_per_layer"] = Figure(ASSUMED_MODEL_LAUNCHES, "", "assumed",
                                                  "the model's own ops per layer when decode is not graph-captured")
+    counted = "as sglang_adapter/adapter_ops.py counts them on this version (the same at any batch)"
+    figures["adapter_launches_per_layer"] = Figure(ADAPTER_WRAPPER_LAUNCHES, "", "assumed",
+                                                   f"the plugin's decode wrapper per engine layer, {counted}")
+    figures["adapter_launches_per_predicted_layer"] = Figure(
+        ADAPTER_PREDICTION_LAUNCHES[request.model.qk_norm], "", "assumed",
+        f"the layer-ahead query prediction{' with q_norm' if request.model.qk_norm else ''} per layer that takes "
+        f"one, {counted}")
     return figures
 
 
@@ -155,7 +167,9 @@ def hardware(figures: dict[str, Figure]) -> Hardware:
     return Hardware(hbm_gbs=figures["hbm_bandwidth"].value, pcie_gbs=figures["pcie_bandwidth"].value,
                     cpu_attention_gbs=figures["cpu_attention"].value, bf16_tflops=figures["peak_bf16"].value,
                     launch_us=figures["launch_us"].value, sync_us=figures["sync_us"].value,
-                    model_launches_per_layer=figures["model_launches_per_layer"].value)
+                    model_launches_per_layer=figures["model_launches_per_layer"].value,
+                    adapter_launches_per_layer=figures["adapter_launches_per_layer"].value,
+                    adapter_launches_per_predicted_layer=figures["adapter_launches_per_predicted_layer"].value)
 
 
 def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict, budgets: dict,

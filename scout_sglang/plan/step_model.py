@@ -20,7 +20,9 @@ batch of B requests at context C (tokens), block size S, per layer:
   PCIe    t_pcie = (recalled blocks x block bytes + the CPU part's output) / PCIe
           recalled per step: c x K blocks (c: share of the selection that
           changes per step), scout and infinigen
-  host    t_launch = (engine launches + the model's own) x per-launch cost,
+  host    t_launch = (engine launches + the plugin's own around the engine (its decode
+          wrapper; the layer-ahead prediction where a layer takes one) + the model's own)
+          x per-launch cost,
           t_sync = host reads x per-sync cost (each drains the launch queue)
           stock SGLang decodes with CUDA graphs: one graph launch a step;
           without graphs its attention launches per layer are fixed + per request x B
@@ -49,6 +51,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from scout_sglang.config import ScoutConfig
+from scout_sglang.core.engine import RESIDENT_MODES
 from scout_sglang.core.stores import ceil_div
 from scout_sglang.plan.capacity import STOCK
 from scout_sglang.plan.host_counts import host_counts
@@ -89,6 +92,10 @@ class Hardware:
         K/V bytes per second the device's attention kernel reads; 0 means the HBM bandwidth (a GPU decode
         kernel at long context runs near it). A CPU's attention kernels at small head dims run far below
         its memory bandwidth, so a CPU device gives the rate measured on its kernel.
+    adapter_launches_per_layer, adapter_launches_per_predicted_layer : float
+        The plugin's own launches around the engine: its decode wrapper in every layer of an engine mode, and
+        the layer-ahead query prediction in each layer that takes one (scout and infinigen: the offloaded
+        layers after the first), as sglang_adapter/adapter_ops.py counts them; 0: not priced.
     engine_attention_gbs : float
         The same for the engine's own device attention kernel (every mode but stock: its dense layers and its
         device part); 0 means `device_attention_gbs`. On a GPU both run near the HBM bandwidth; on a CPU device
@@ -111,6 +118,8 @@ class Hardware:
     stock_syncs_per_request: float = 0.0
     device_attention_gbs: float = 0.0
     engine_attention_gbs: float = 0.0
+    adapter_launches_per_layer: float = 0.0
+    adapter_launches_per_predicted_layer: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +234,14 @@ def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workloa
                 device_tokens=device_blocks * block + tail, cpu_ratio=cpu_blocks / selected if selected else 0.0)
 
 
+def _adapter_launches(mode: str, config: ScoutConfig, hw: Hardware, layer: int, offloaded) -> float:
+    """The plugin's launches around the engine in `layer` (none for the stock backend)."""
+    if mode == STOCK:
+        return 0.0
+    predicted = mode in RESIDENT_MODES and config.layer_ahead and layer >= 1 and layer in offloaded
+    return hw.adapter_launches_per_layer + (hw.adapter_launches_per_predicted_layer if predicted else 0.0)
+
+
 def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, work: Workload, *,
               host_overhead_path=None) -> StepEstimate:
     """The modelled decode step of `mode` (config.mode is ignored: the mode is the argument)."""
@@ -247,7 +264,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         launches = engine + hw.model_launches_per_layer
         syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
-    t_launch, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
+    t_launch_engine, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
     kv_rate = (0.0 if mode == STOCK else hw.engine_attention_gbs) or hw.device_attention_gbs or hw.hbm_gbs
     step_host = (hw.step_host_ms + hw.step_host_ms_per_request * batch + plan_ms) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
@@ -256,6 +273,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     for layer in range(spec.num_layers):
         # quest keeps every layer on the device but attends its selection outside the dense layers
         dense = layer in config.dense_layers if mode == "quest" else (mode == STOCK or layer not in offloaded)
+        t_launch = t_launch_engine + _adapter_launches(mode, config, hw, layer, offloaded) * hw.launch_us * 1e-6
         head = _head_traffic(mode, config, spec, work, dense=dense)
         attention_bytes = batch * heads * (head["device_kv"] + head["digests"])
         hbm = layer_weights + attention_bytes

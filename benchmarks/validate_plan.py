@@ -39,7 +39,7 @@ falls on both servers alike.
 
 Writes benchmarks/results/plan_validation.{json,md}:
 
-    make validate-plan            # about 12 minutes on a 2-core host
+    make validate-plan            # about 15 minutes on a 2-core host
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The decode step's per-layer work is a fixed program: what a GPU server needs to keep its stream busy.
 
-1. Ops dispatched per layer do not depend on the batch size or the KV head count, and no device value is
-   read back inside the layer loop (every scalar read would be a stream sync on a GPU).
+1. Ops dispatched and Python lines executed per layer do not depend on the batch size or the KV head count
+   (nothing loops over requests or heads), and no device value is read back inside the layer loop (every
+   scalar read would be a stream sync on a GPU).
 2. Each per-layer program traces with torch.compile(fullgraph=True, dynamic=False): no graph break, no
    recompile across steady steps, a step that completes blocks and a step that recalls, and the same
    outputs as eager. The CPU hand-off and the recall copies run between the programs, where a breakable
@@ -10,11 +11,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.host_work import PythonLineCounter
 from scout_sglang.core.op_counter import OpCounter
 from scout_sglang.core.shape import ModelShape
 
@@ -38,8 +42,8 @@ def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", fixed_wi
     return engine
 
 
-def decode_step(engine, gen, counter=None):
-    """One step with layer-ahead prediction; the layer loop runs under `counter`.
+def decode_step(engine, gen, *counters):
+    """One step with layer-ahead prediction; the layer loop runs under `counters` (outermost first).
 
     Returns the layer outputs, the blocks recalled and whether a token completed a block."""
     shape, batch = engine.shape, len(engine.requests)
@@ -47,7 +51,9 @@ def decode_step(engine, gen, counter=None):
     kv = torch.randn(2, LAYERS, batch, shape.num_kv_heads, HEAD_DIM, generator=gen)
     engine.begin_step(sorted(engine.requests))
     outputs = []
-    with counter if counter is not None else torch.no_grad():
+    with contextlib.ExitStack() as stack:
+        for counter in counters:
+            stack.enter_context(counter)
         for layer in range(LAYERS):
             if layer + 1 < LAYERS and engine.wants_prediction(layer + 1):
                 engine.predict(layer + 1, q[layer + 1] + 0.1)
@@ -58,8 +64,9 @@ def decode_step(engine, gen, counter=None):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_ops_per_layer_do_not_grow_with_the_batch_or_the_heads_and_nothing_is_read_back(mode, one_torch_thread):
-    counts = {}
+def test_ops_and_python_per_layer_do_not_grow_with_the_batch_or_the_heads_and_nothing_is_read_back(
+        mode, one_torch_thread):
+    counts, lines = {}, {}
     for batch, num_kv_heads in ((1, 1), (5, 1), (5, 4)):
         engine = make_engine(mode, batch, num_kv_heads)
         try:
@@ -70,12 +77,18 @@ def test_ops_per_layer_do_not_grow_with_the_batch_or_the_heads_and_nothing_is_re
                 counter = OpCounter()
                 decode_step(engine, gen, counter)
                 steps.append(counter)
+            python = []
+            for _ in range(4):  # counted apart: the op counter's own Python runs for views too
+                python.append(PythonLineCounter())
+                decode_step(engine, gen, python[-1])
         finally:
             engine.close()
         for counter in steps:
             assert counter.scalar_reads == 0, f"{mode}: a device value read back inside the layer loop"
         counts[(batch, num_kv_heads)] = [counter.launches() for counter in steps]
+        lines[(batch, num_kv_heads)] = [counter.lines for counter in python]
     assert counts[(1, 1)] == counts[(5, 1)] == counts[(5, 4)], f"{mode}: ops per step {counts}"
+    assert lines[(1, 1)] == lines[(5, 1)] == lines[(5, 4)], f"{mode}: Python lines per step {lines}"
 
 
 class CompileCounter:

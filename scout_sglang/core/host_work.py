@@ -1,0 +1,125 @@
+"""The host work of a block of code besides its op count: Python lines executed, and time outside the ops.
+
+On a GPU the host thread of a decode step launches kernels and runs the Python
+between them; the kernels' work is the device's. Its time per layer is made of
+two things: the launches (counted by op_counter.OpCounter) and the Python that
+issues them. `PythonLineCounter` counts the second exactly: the Python lines
+this thread executes (sys.settrace), a count that is the same at any batch when
+nothing loops over requests, and that no noise of a shared host changes.
+
+Where the device is this machine's CPU, the wall time of a layer also holds the
+ops' math. `HostClock` times every aten op dispatched on this thread
+(`inside_s`); the rest of the wall time (`outside_s`) is the host's own part.
+Two effects of the CPU device still reach it:
+
+- freeing a large device tensor: glibc unmaps it (milliseconds for tens of MB),
+  where a GPU's caching allocator keeps it. `keep_freed_memory()` makes glibc
+  serve allocations from its heap and keep freed memory, as that allocator does.
+- the caches: an op that streams tens of MB through this CPU evicts the host
+  code's data, so the Python after it runs slower at a large batch. With
+  `flush_bytes`, every op is followed by a write of that many bytes (timed as
+  part of the op): the host code then runs after every op with cold caches, the
+  control that shows how much of a difference between batch sizes that is.
+
+Worker threads are neither counted nor timed (a dispatch mode and a trace
+function are per thread): they are the CPU part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+
+
+class PythonLineCounter:
+    """Counts the Python lines this thread executes while active (`with PythonLineCounter() as lines:`).
+
+    Code of the `threading` module is not counted: a wait on an event runs more lines when the event is not set
+    yet, so its count follows the timing of other threads, not the work of this one.
+    """
+
+    IGNORED_FILES = frozenset((threading.__file__,))
+
+    def __init__(self):
+        self.lines = 0
+
+    def _trace(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in self.IGNORED_FILES:
+            return None  # no line events in this frame (calls it makes are traced again)
+        if event == "line":
+            self.lines += 1
+        return self._trace
+
+    def __enter__(self):
+        if sys.gettrace() is not None:
+            raise RuntimeError("a trace function is already set on this thread (a debugger or coverage?): "
+                               "PythonLineCounter cannot count under it")
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+        return False
+
+
+class HostClock(TorchDispatchMode):
+    """Times the aten ops dispatched on this thread while active (`with HostClock() as clock:`)."""
+
+    def __init__(self, flush_bytes: int = 0):
+        super().__init__()
+        if flush_bytes < 0:
+            raise ValueError(f"flush_bytes must be >= 0, got {flush_bytes}")
+        self.inside_s = 0.0
+        self.ops = 0
+        self._flush = torch.ones(flush_bytes // 4, dtype=torch.float32) if flush_bytes else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        if self._flush is not None:
+            self._flush.mul_(1.0)
+        self.inside_s += time.perf_counter() - start
+        self.ops += 1
+        return out
+
+    def outside_s(self, wall_s: float, overhead_s_per_op: float = 0.0) -> float:
+        """Of `wall_s`, the wall time of the timed block, the seconds not spent in its ops, less this clock's own
+        cost per op (`clock_overhead_s_per_op()`)."""
+        return wall_s - self.inside_s - self.ops * overhead_s_per_op
+
+
+def clock_overhead_s_per_op(ops: int = 3000, rounds: int = 5) -> float:
+    """What a HostClock adds to a block's wall time per op, all of it outside its timed window: a loop of trivial
+    ops timed with and without it (the best of `rounds` each)."""
+    x = torch.zeros(1)
+
+    def wall(clock) -> float:
+        start = time.perf_counter()
+        with clock if clock is not None else contextlib.nullcontext():
+            for _ in range(ops):
+                x.add_(0.0)
+        return time.perf_counter() - start
+
+    plain = min(wall(None) for _ in range(rounds))
+    clocked = min(wall(HostClock()) for _ in range(rounds))
+    return max(0.0, (clocked - plain) / ops)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc serve every allocation from its heap and never give freed memory back to the system, so that a
+    CPU "device" tensor's allocation and free cost what they cost with a GPU's caching allocator. Process-wide, for
+    benchmarks. False where the C library is not glibc (nothing changed)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    except (OSError, AttributeError):
+        return False

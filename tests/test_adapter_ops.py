@@ -1,6 +1,6 @@
 """The plugin's own ops per decode layer around the engine (sglang_adapter/adapter_ops.py), counted on the real
-wrapper and prediction code, as the planner prices them: the same at every batch and head count, and the
-planner's figures equal to the count."""
+wrapper and prediction code, as the planner prices them: the same at every batch and head count (and so are its
+Python lines), and the planner's figures equal to the count."""
 
 import json
 import os
@@ -24,7 +24,7 @@ for heads, kv_heads, dim, hidden in ((4, 2, 16, 64), (32, 8, 128, 4096)):
         for q_norm in (False, True):
             c = adapter_decode_counts(shape, hidden, batch=batch, q_norm=q_norm)
             out.append([heads, batch, q_norm, c.wrapper_ops, c.wrapper_launches, c.prediction_ops,
-                        c.prediction_launches])
+                        c.prediction_launches, c.wrapper_lines, c.prediction_lines])
 print(json.dumps(out))
 """
 
@@ -39,15 +39,17 @@ def counts():
 
 
 def test_the_counts_do_not_depend_on_the_batch_or_the_heads(counts):
+    """Ops, launches and Python lines: nothing in the plugin's layer path loops over requests or heads."""
     for q_norm in (False, True):
         rows = {tuple(row[3:]) for row in counts if row[2] == q_norm}
         assert len(rows) == 1, rows
-    wrapper_ops, wrapper_launches, prediction_ops, prediction_launches = counts[0][3:]
+    wrapper_ops, wrapper_launches, prediction_ops, prediction_launches, wrapper_lines, prediction_lines = counts[0][3:]
     assert 0 < wrapper_launches <= wrapper_ops and 0 < prediction_launches <= prediction_ops
+    assert wrapper_lines > 0 and prediction_lines > 0
 
 
 def test_the_planner_prices_what_is_counted(counts):
-    for _, _, q_norm, _, wrapper_launches, _, prediction_launches in counts:
+    for _, _, q_norm, _, wrapper_launches, _, prediction_launches, _, _ in counts:
         assert wrapper_launches == ADAPTER_WRAPPER_LAUNCHES
         assert prediction_launches == ADAPTER_PREDICTION_LAUNCHES[q_norm]
     with_norm = next(row for row in counts if row[2])

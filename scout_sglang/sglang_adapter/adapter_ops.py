@@ -13,7 +13,7 @@ plugin adds a layer is priced apart by the planner (scout_sglang.plan.step_model
 
 Both run unbound, on stand-ins of exactly what they read (the wrapper's engine
 call returns at once, so its ops are not in the count), and are counted with the
-engine's op counter on random tensors of the model's shapes.
+engine's op counter and line counter on random tensors of the model's shapes.
 """
 
 from __future__ import annotations
@@ -23,28 +23,37 @@ from types import MethodType, SimpleNamespace
 
 import torch
 
+from scout_sglang.core.host_work import PythonLineCounter
 from scout_sglang.core.op_counter import OpCounter
 from scout_sglang.core.shape import ModelShape
 
 
 @dataclass(frozen=True)
 class AdapterCounts:
-    """Per decode layer: ops dispatched (views included) and ops that would launch a kernel, for the decode
-    wrapper (every engine layer) and for the layer-ahead prediction (each layer that takes one)."""
+    """Per decode layer: ops dispatched (views included), ops that would launch a kernel and Python lines
+    executed, for the decode wrapper (every engine layer) and for the layer-ahead prediction (each layer that
+    takes one)."""
 
     wrapper_ops: int
     wrapper_launches: int
+    wrapper_lines: int
     prediction_ops: int
     prediction_launches: int
+    prediction_lines: int
 
 
-def _count(fn) -> tuple[int, int]:
+def _count(fn, prepare=lambda: None) -> tuple[int, int, int]:
+    """Ops, launches and Python lines of `fn()`, each counted on its own call (`prepare()` before each)."""
+    prepare()
     with torch.no_grad(), OpCounter() as counter:
         fn()
-    return sum(counter.ops.values()), counter.launches()
+    prepare()
+    with torch.no_grad(), PythonLineCounter() as lines:
+        fn()
+    return sum(counter.ops.values()), counter.launches(), lines.lines
 
 
-def _wrapper_counts(shape: ModelShape, batch: int) -> tuple[int, int]:
+def _wrapper_counts(shape: ModelShape, batch: int) -> tuple[int, int, int]:
     from scout_sglang.sglang_adapter.backend import ScoutAttnBackend
     from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
@@ -63,12 +72,11 @@ def _wrapper_counts(shape: ModelShape, batch: int) -> tuple[int, int]:
     forward_batch = SimpleNamespace(out_cache_loc=None)
     decode = lambda: ScoutAttnBackend.forward_decode(backend, q, k, v, layer, forward_batch)  # noqa: E731
     decode()  # the statistics' first cosine starts their running sum: counted is a later step, as most are
-    backend._predicted[1] = torch.randn(batch, heads, dim)
-    return _count(decode)
+    return _count(decode, prepare=lambda: backend._predicted.__setitem__(1, torch.randn(batch, heads, dim)))
 
 
 def _prediction_counts(shape: ModelShape, hidden: int, batch: int, *, q_norm: bool, rope_theta: float,
-                       max_position: int) -> tuple[int, int]:
+                       max_position: int) -> tuple[int, int, int]:
     from sglang.srt.layers.rotary_embedding import base, get_rope
 
     if not (base._is_cpu or torch.cuda.is_available()):
@@ -93,6 +101,7 @@ def _prediction_counts(shape: ModelShape, hidden: int, batch: int, *, q_norm: bo
     predictor.positions = torch.full((batch,), max_position // 2, dtype=torch.int64)
     x = torch.randn(batch, hidden)
     try:
+        predictor.predict(1, x)  # first calls take paths of their own (lazy set-up), as in a server's first step
         return _count(lambda: predictor.predict(1, x))
     finally:
         predictor.remove()

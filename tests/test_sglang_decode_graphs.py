@@ -158,3 +158,17 @@ def test_capture_batches_beyond_the_request_slots_are_refused():
 
 def test_the_backend_is_registered_for_the_graph_runner():
     assert "scout" in ATTENTION_BACKENDS
+
+
+def test_a_decode_step_leaves_sglangs_pool_as_the_prefill_wrote_it():
+    """The decoded token's K/V goes to the engine only: the stock layout's device pool is not written."""
+    fixture = build()
+    pool, layer_id = fixture.backend.token_to_kv_pool, fixture.actual_module.attn.layer_id
+    before = pool.get_key_buffer(layer_id).clone(), pool.get_value_buffer(layer_id).clone()
+    fb = step_batch(fixture, CAPTURE_BS, 0)
+    out = eager_attention(fixture, fb, torch.randn(CAPTURE_BS, fixture.actual_module.hidden_size,
+                                                   dtype=torch.bfloat16))
+    assert torch.count_nonzero(out) > 0  # the step ran
+    assert fixture.backend.engine.requests[int(fb.req_pool_indices[0])].num_tokens == PREFIX[0] + 1
+    assert torch.equal(pool.get_key_buffer(layer_id), before[0])
+    assert torch.equal(pool.get_value_buffer(layer_id), before[1])

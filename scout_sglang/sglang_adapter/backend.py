@@ -8,6 +8,8 @@ Where the prompt's K/V goes depends on the KV pool (kv_pool.py):
            and a request's first decode copies it into the engine;
   stock    (SCOUT_KV_POOL=stock) prefill is delegated to a stock backend that
            writes SGLang's device pool, copied into the engine at first decode.
+In every layout a decoded token's K/V is written to the engine only, never to
+SGLang's pool (one copy, and no write per layer that nothing reads).
 Every decode step goes through the engine: the device part reads only the
 resident buffer, sink, window and tail, the rest comes from the CPU worker.
 Forward pre-hooks on each layer's qkv_proj predict the next layer's query, so
@@ -259,10 +261,8 @@ class ScoutAttnBackend:
         return out.reshape(-1, heads * head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-        if save_kv_cache and k is not None and self.layout == "stock":  # the scout pools hold no decode rows
-            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        # No layout writes SGLang's pool here: a decoded token's K/V lives in the engine only. A pool is read
+        # once per request, at its first decode (_admit), when a prefill or a transfer has written every row.
         self._check_scale(layer)
         out = q.new_empty(q.shape[0], self.shape.num_qo_heads * self.shape.head_dim)
         if self.on_graph():  # captured: the engine runs between segments, on the replayed step's rows

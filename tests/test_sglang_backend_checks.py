@@ -47,6 +47,7 @@ def test_each_unsupported_setting_is_named_with_what_to_do():
         "pipeline parallelism": runner(pp_size=2),
         "--kv-cache-dtype fp8_e4m3": runner(kv_cache_dtype="fp8_e4m3"),
         "quantized": runner(quantized=True),
+        "--disaggregation-decode-retraction-backup none": runner(disaggregation_mode="decode"),
     }
     for expected, server in cases.items():
         reasons = unsupported_reasons(server, ScoutConfig())
@@ -57,6 +58,19 @@ def test_each_unsupported_setting_is_named_with_what_to_do():
     sliding = runner()
     sliding.model_config.hf_config = SimpleNamespace(sliding_window=4096, use_sliding_window=True)
     assert "sliding-window" in unsupported_reasons(sliding, ScoutConfig())[0]
+
+
+def test_a_pd_decode_instance_needs_the_retraction_backup_off():
+    """SGLang's backup copies its own pool, which holds no decoded token's K/V under scout: any backup it would
+    choose (given, or resolved later from the default None) restores rows nobody wrote."""
+    for backup in (None, "cpu_tensor", "host_pool"):
+        reasons = unsupported_reasons(runner(disaggregation_mode="decode",
+                                             disaggregation_decode_retraction_backup=backup), ScoutConfig())
+        assert len(reasons) == 1 and "--disaggregation-decode-retraction-backup none" in reasons[0], (backup, reasons)
+    assert unsupported_reasons(runner(disaggregation_mode="decode", disaggregation_decode_retraction_backup="none"),
+                               ScoutConfig()) == []
+    for mode in ("null", "prefill"):  # no decode instance: SGLang backs nothing up
+        assert unsupported_reasons(runner(disaggregation_mode=mode), ScoutConfig()) == []
 
 
 def test_quantized_weights_only_matter_when_predicting_ahead():

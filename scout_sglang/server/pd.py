@@ -31,8 +31,8 @@ PD_ENV = {"MOONCAKE_PROTOCOL": "tcp", "SGLANG_HOST_IP": "127.0.0.1",
           "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0"}
 # The prefill instance: a stock attention backend (scout only decodes).
 PREFILL_ARGS = ("--disaggregation-mode", "prefill", "--attention-backend", "torch_native")
-# The decode instance: scout; it needs no radix cache, and no retraction backup (which would copy every
-# retracted request's K/V once more into host memory).
+# The decode instance: scout; it needs no radix cache, and no retraction backup (SGLang's copies its own pool,
+# which holds no decoded token's K/V under scout: the backend refuses any other setting).
 DECODE_ARGS = ("--disaggregation-mode", "decode", "--attention-backend", "scout", "--disable-radix-cache",
                "--disaggregation-decode-retraction-backup", "none")
 # Moves K/V into a scout decode instance (tested). NIXL is refused (kv_pool.py); `fake` moves nothing and SGLang

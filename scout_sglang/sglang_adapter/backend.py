@@ -70,6 +70,13 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
         reasons.append("a draft model: use a stock backend for the draft")
     if getattr(server_args, "enable_mixed_chunk", False):
         reasons.append("--enable-mixed-chunk (decode tokens inside prefill batches): run without it")
+    if getattr(server_args, "disaggregation_mode", "null") == "decode" and \
+            getattr(server_args, "disaggregation_decode_retraction_backup", None) != "none":
+        # SGLang backs a retracted request up from its own pool and restores it there; under scout that pool
+        # holds no decoded token's K/V, so the resumed request would decode over rows nobody wrote.
+        reasons.append("a retraction backup on the PD decode instance (it would restore K/V that SGLang's pool does "
+                       "not hold under scout): pass --disaggregation-decode-retraction-backup none (a retracted "
+                       "request is then aborted, HTTP 503, for the client to retry)")
     if getattr(server_args, "pp_size", 1) > 1:
         reasons.append("pipeline parallelism: use --pp-size 1 (tensor parallelism is fine)")
     if not str(getattr(server_args, "kv_cache_dtype", "auto")).startswith(("auto", "bf16", "bfloat16", "float16", "fp16")):

@@ -69,6 +69,10 @@ def test_a_pd_decode_instance_needs_the_retraction_backup_off():
         assert len(reasons) == 1 and "--disaggregation-decode-retraction-backup none" in reasons[0], (backup, reasons)
     assert unsupported_reasons(runner(disaggregation_mode="decode", disaggregation_decode_retraction_backup="none"),
                                ScoutConfig()) == []
+    # receiving K/V into host memory first makes SGLang back retractions up to a host pool, whatever was given
+    buffered = runner(disaggregation_mode="decode", disaggregation_decode_retraction_backup="none",
+                      disaggregation_decode_host_receive_threshold=0.5)
+    assert "--disaggregation-decode-retraction-backup none" in unsupported_reasons(buffered, ScoutConfig())[0]
     for mode in ("null", "prefill"):  # no decode instance: SGLang backs nothing up
         assert unsupported_reasons(runner(disaggregation_mode=mode), ScoutConfig()) == []
 

@@ -160,15 +160,40 @@ def test_the_backend_is_registered_for_the_graph_runner():
     assert "scout" in ATTENTION_BACKENDS
 
 
-def test_a_decode_step_leaves_sglangs_pool_as_the_prefill_wrote_it():
-    """The decoded token's K/V goes to the engine only: the stock layout's device pool is not written."""
+def test_the_stock_layout_writes_the_decoded_token_to_sglangs_pool():
+    """SCOUT_KV_POOL=stock keeps SGLang's pool whole (its radix cache may share a finished request's decoded
+    tokens, and a rebuilt request is read back from it): each decode step writes its K/V rows there too."""
     fixture = build()
-    pool, layer_id = fixture.backend.token_to_kv_pool, fixture.actual_module.attn.layer_id
-    before = pool.get_key_buffer(layer_id).clone(), pool.get_value_buffer(layer_id).clone()
+    pool, module = fixture.backend.token_to_kv_pool, fixture.actual_module
+    layer_id = module.attn.layer_id
     fb = step_batch(fixture, CAPTURE_BS, 0)
-    out = eager_attention(fixture, fb, torch.randn(CAPTURE_BS, fixture.actual_module.hidden_size,
-                                                   dtype=torch.bfloat16))
-    assert torch.count_nonzero(out) > 0  # the step ran
-    assert fixture.backend.engine.requests[int(fb.req_pool_indices[0])].num_tokens == PREFIX[0] + 1
-    assert torch.equal(pool.get_key_buffer(layer_id), before[0])
-    assert torch.equal(pool.get_value_buffer(layer_id), before[1])
+    hidden = torch.randn(CAPTURE_BS, module.hidden_size, dtype=torch.bfloat16)
+    _, k, v = module.project_qkv(hidden)
+    eager_attention(fixture, fb, hidden)
+    rows = fb.out_cache_loc.long()
+    heads, dim = pool.get_key_buffer(layer_id).shape[1:]
+    assert torch.equal(pool.get_key_buffer(layer_id)[rows], k.view(CAPTURE_BS, heads, dim).to(pool.dtype))
+    assert torch.equal(pool.get_value_buffer(layer_id)[rows], v.view(CAPTURE_BS, heads, dim).to(pool.dtype))
+
+
+@pytest.mark.parametrize("layout", ["stock", "arrival"])
+def test_a_request_out_of_step_with_the_engine_is_rebuilt_only_from_a_pool_that_holds_its_decoded_tokens(layout):
+    """A request whose engine state lags SGLang's (a missed release): the stock pool holds every token, so it is
+    rebuilt from it; the arrival pool holds what arrived and no decoded token, so the request is given up."""
+    fixture = build()
+    backend, module = fixture.backend, fixture.actual_module
+    backend.layout = layout
+    hidden = torch.randn(CAPTURE_BS, module.hidden_size, dtype=torch.bfloat16)
+    eager_attention(fixture, step_batch(fixture, CAPTURE_BS, 0), hidden)  # first decode: admitted from the pool
+    slots = [int(slot) for slot in fixture.forward_batch.req_pool_indices]
+    ahead = step_batch(fixture, CAPTURE_BS, 2)  # SGLang two tokens on, the engine one (every request)
+    eager_attention(fixture, ahead, hidden)
+    given_up = backend.failures.take()
+    if layout == "stock":
+        assert given_up == {} and backend.failures.counts["decode"] == 0
+        for slot, prefix in zip(slots, PREFIX):  # rebuilt at SGLang's length, then decoded
+            assert backend.engine.requests[slot].num_tokens == prefix + 3
+    else:
+        assert sorted(given_up) == sorted(slots)
+        assert all("arrival pool holds no decoded token" in message for message in given_up.values())
+        assert backend.failures.counts["decode"] == CAPTURE_BS

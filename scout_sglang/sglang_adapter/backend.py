@@ -8,8 +8,8 @@ Where the prompt's K/V goes depends on the KV pool (kv_pool.py):
            and a request's first decode copies it into the engine;
   stock    (SCOUT_KV_POOL=stock) prefill is delegated to a stock backend that
            writes SGLang's device pool, copied into the engine at first decode.
-In every layout a decoded token's K/V is written to the engine only, never to
-SGLang's pool (one copy, and no write per layer that nothing reads).
+A decoded token's K/V is written to the engine, and to SGLang's pool only in
+the stock layout (whose radix cache may share it).
 Every decode step goes through the engine: the device part reads only the
 resident buffer, sink, window and tail, the rest comes from the CPU worker.
 Forward pre-hooks on each layer's qkv_proj predict the next layer's query, so
@@ -70,8 +70,7 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
         reasons.append("a draft model: use a stock backend for the draft")
     if getattr(server_args, "enable_mixed_chunk", False):
         reasons.append("--enable-mixed-chunk (decode tokens inside prefill batches): run without it")
-    if getattr(server_args, "disaggregation_mode", "null") == "decode" and \
-            getattr(server_args, "disaggregation_decode_retraction_backup", None) != "none":
+    if getattr(server_args, "disaggregation_mode", "null") == "decode" and retraction_backup(server_args) != "none":
         # SGLang backs a retracted request up from its own pool and restores it there; under scout that pool
         # holds no decoded token's K/V, so the resumed request would decode over rows nobody wrote.
         reasons.append("a retraction backup on the PD decode instance (it would restore K/V that SGLang's pool does "
@@ -90,6 +89,14 @@ def unsupported_reasons(model_runner, scout) -> list[str]:
             reasons.append(f"layer-ahead prediction: {problem}; set SCOUT_LAYER_AHEAD=0 to select with the "
                            "real query in the same layer")
     return reasons
+
+
+def retraction_backup(server_args) -> str | None:
+    """A PD decode instance's retraction backup as SGLang 0.5.23 resolves it: as given, except that a host
+    receive threshold below 1 makes it host_pool (None: SGLang picks one later, host_pool or cpu_tensor)."""
+    if getattr(server_args, "disaggregation_decode_host_receive_threshold", 1) < 1:
+        return "host_pool"
+    return getattr(server_args, "disaggregation_decode_retraction_backup", None)
 
 
 def stops_the_server(what: str):
@@ -268,8 +275,13 @@ class ScoutAttnBackend:
         return out.reshape(-1, heads * head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        # No layout writes SGLang's pool here: a decoded token's K/V lives in the engine only. A pool is read
-        # once per request, at its first decode (_admit), when a prefill or a transfer has written every row.
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        # The stock layout keeps SGLang's pool whole: its radix cache shares a finished request's decoded
+        # tokens with later requests, and a rebuilt request is read back from it. The scout pools hold no
+        # decoded token's K/V (the engine does).
+        if save_kv_cache and k is not None and self.layout == "stock":
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         self._check_scale(layer)
         out = q.new_empty(q.shape[0], self.shape.num_qo_heads * self.shape.head_dim)
         if self.on_graph():  # captured: the engine runs between segments, on the replayed step's rows
@@ -371,6 +383,13 @@ class ScoutAttnBackend:
                               f"request slot {rid} decodes at token {seq_len - 1}, but the scout engine holds "
                               f"{known.num_tokens if known else 'no'} tokens of it: its K/V is nowhere else with "
                               "the scout KV pool")
+                continue
+            if self.layout == "arrival" and known is not None and known.num_tokens != seq_len - 1:
+                # the arrival pool holds what arrived, never a decoded token: a rebuild would read rows nobody wrote
+                self._give_up(rid, request_id, "decode",
+                              f"request slot {rid} decodes at token {seq_len - 1}, but the scout engine holds "
+                              f"{known.num_tokens} tokens of it: the arrival pool holds no decoded token's K/V to "
+                              "rebuild it from")
                 continue
             if known is not None and known.num_tokens != seq_len - 1:
                 logger.warning("request slot %d changed owner or was retracted (%d tokens known, %d in the batch): "

@@ -37,9 +37,6 @@ TARGETS = dict(ops_spread=0.05, scalar_reads=0, time_ratio_b64_b1=1.5)  # from t
 # A projection, not a measurement: what the counted work would cost as CUDA launches.
 LAUNCH_US, SYNC_US = 5.0, 20.0
 PROJECTION = dict(model="Qwen3-14B", layers=40, batch=40)
-# The cache-flush control (core/host_work.py): written after every op, more than this host's share of L3
-# (32 MiB per 8 cores), so that the host code after every op runs with cold caches.
-FLUSH_BYTES = 32 * 2**20
 
 
 def log(message: str) -> None:
@@ -101,10 +98,9 @@ def second_step(mode, batch, num_kv_heads, variant, counter=None) -> tuple[float
         engine.close()
 
 
-def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s, cold_control=False) -> dict:
+def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s) -> dict:
     """One row: counts of the measured step, and the best of `repeats` timings of it: the wall time with no
-    counter on, and the time outside the ops (less the clock's own `clock_overhead_s` per op); with
-    `cold_control`, also the time outside the ops with the caches flushed after every op."""
+    counter on, and the time outside the ops (less the clock's own `clock_overhead_s` per op)."""
     counter, lines = OpCounter(), PythonLineCounter()
     fallbacks = 0  # CPU parts the layer computed itself in the counted steps (late on a loaded host): their paths count
     for count in (counter, lines):  # counted, not timed: counting costs host time
@@ -117,23 +113,15 @@ def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s, cold_
         clock = HostClock()
         loop, _, telemetry = second_step(mode, batch, num_kv_heads, variant, clock)
         outside.append(clock.outside_s(loop, clock_overhead_s) - telemetry.timings.get("cpu_wait", 0.0))
-    row = dict(mode=mode, batch=batch, num_kv_heads=num_kv_heads, variant=variant,
-               ops_per_layer=round(sum(counter.ops.values()) / NUM_LAYERS, 1),
-               launches_per_layer=round(counter.launches() / NUM_LAYERS, 1),
-               scalar_reads_per_layer=round(counter.scalar_reads / NUM_LAYERS, 1),
-               python_lines_per_layer=round(lines.lines / NUM_LAYERS, 1), cpu_fallbacks_in_counted_steps=fallbacks,
-               host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
-               outside_ops_ms_per_layer=round(1e3 * min(outside) / NUM_LAYERS, 3),
-               plan_host_ms=round(1e3 * min(plans), 3),
-               top_ops=counter.ops.most_common(5))
-    if cold_control:
-        cold = []
-        for _ in range(repeats):
-            clock = HostClock(FLUSH_BYTES)
-            loop, _, telemetry = second_step(mode, batch, num_kv_heads, variant, clock)
-            cold.append(clock.outside_s(loop, clock_overhead_s) - telemetry.timings.get("cpu_wait", 0.0))
-        row["outside_ops_cold_ms_per_layer"] = round(1e3 * min(cold) / NUM_LAYERS, 3)
-    return row
+    return dict(mode=mode, batch=batch, num_kv_heads=num_kv_heads, variant=variant,
+                ops_per_layer=round(sum(counter.ops.values()) / NUM_LAYERS, 1),
+                launches_per_layer=round(counter.launches() / NUM_LAYERS, 1),
+                scalar_reads_per_layer=round(counter.scalar_reads / NUM_LAYERS, 1),
+                python_lines_per_layer=round(lines.lines / NUM_LAYERS, 1), cpu_fallbacks_in_counted_steps=fallbacks,
+                host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
+                outside_ops_ms_per_layer=round(1e3 * min(outside) / NUM_LAYERS, 3),
+                plan_host_ms=round(1e3 * min(plans), 3),
+                top_ops=counter.ops.most_common(5))
 
 
 def projection(rows) -> dict:
@@ -159,10 +147,10 @@ def time_ratio(steady: dict, column: str) -> float | None:
 
 def check_targets(rows) -> dict:
     """Per mode: the spread of ops per layer over batch sizes and head counts (max / min - 1), the most scalar
-    reads per layer in any step, and host time at batch 64 over batch 1 (steady step, most KV heads) two ways:
+    reads per layer in any step, and host time at batch 64 against batch 1 (steady step, most KV heads) two ways:
     counted (the larger ratio of Python lines and of launches per layer, the two parts of a GPU host thread's
-    time) and measured (the time outside the ops with cold caches at both batches; warm, and the wall time, math
-    included, for comparison). Whether each meets its target."""
+    time) and measured (the time outside the ops: its ratio and its growth in ms per layer; the wall time's
+    ratio, math included, for comparison). Whether each meets its target."""
     out = {}
     for mode in sorted({r["mode"] for r in rows}):
         mine = [r for r in rows if r["mode"] == mode]
@@ -174,15 +162,17 @@ def check_targets(rows) -> dict:
             x["num_kv_heads"] for x in mine)}
         counted = [time_ratio(steady, column) for column in ("python_lines_per_layer", "launches_per_layer")]
         counted = None if None in counted else max(counted)
-        cold = time_ratio(steady, "outside_ops_cold_ms_per_layer")
+        measured = time_ratio(steady, "outside_ops_ms_per_layer")
+        growth = (round(steady[64]["outside_ops_ms_per_layer"] - steady[1]["outside_ops_ms_per_layer"], 3)
+                  if measured is not None else None)
         reads = max(r["scalar_reads_per_layer"] for r in mine)
         out[mode] = dict(ops_spread=spread, scalar_reads_per_layer=reads, host_work_ratio_b64_b1=counted,
-                         time_ratio_b64_b1=cold, time_ratio_b64_b1_warm=time_ratio(steady, "outside_ops_ms_per_layer"),
+                         time_ratio_b64_b1=measured, outside_ops_growth_ms_b1_to_b64=growth,
                          time_ratio_b64_b1_with_math=time_ratio(steady, "host_ms_per_layer"),
                          met=dict(ops=max(spread.values()) <= TARGETS["ops_spread"],
                                   scalar_reads=reads <= TARGETS["scalar_reads"],
                                   time_counted=counted is not None and counted <= TARGETS["time_ratio_b64_b1"],
-                                  time_measured=cold is not None and cold <= TARGETS["time_ratio_b64_b1"]))
+                                  time_measured=measured is not None and measured <= TARGETS["time_ratio_b64_b1"]))
     return out
 
 
@@ -207,41 +197,39 @@ def write_report(result) -> None:
              "zero scalar reads inside the layer loop; host time per layer at batch 64 at most "
              f"{TARGETS['time_ratio_b64_b1']}x batch 1 (steady step, 8 KV heads). The time is checked two ways "
              "(below why): counted (Python lines and launches per layer, b64 / b1, the larger) and measured (time "
-             "outside the ops with the caches flushed after every op, b64 / b1).", "",
+             "outside the ops, b64 / b1, and its growth from batch 1 to 64 in ms per layer).", "",
              "| mode | ops spread (per step kind) | scalar reads / layer (max) | counted host work b64 / b1 | "
-             "time outside ops b64 / b1, cold | the same, warm | wall time b64 / b1 (math included) | met |",
+             "time outside ops b64 / b1 | its growth, ms / layer | wall time b64 / b1 (math included) | met |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for mode, t in result["targets"].items():
         spread = ", ".join(f"{k} {100 * v:.1f}%" for k, v in t["ops_spread"].items())
         met = ", ".join(f"{k} {'yes' if ok else 'NO'}" for k, ok in t["met"].items())
         lines.append(f"| {mode} | {spread} | {t['scalar_reads_per_layer']} | {t['host_work_ratio_b64_b1']} | "
-                     f"{t['time_ratio_b64_b1']} | {t['time_ratio_b64_b1_warm']} | "
+                     f"{t['time_ratio_b64_b1']} | {t['outside_ops_growth_ms_b1_to_b64']} | "
                      f"{t['time_ratio_b64_b1_with_math']} | {met} |")
     lines += ["", "Where the device is this machine's CPU, the wall time of a layer includes the attention math the "
               "CPU does as the device, and that grows with the batch (at batch 64 and 2048-token contexts a dense "
               "layer reads about 134 MB of K/V per step): its ratio measures the math, which a GPU does off the "
               "host thread. The host thread of a GPU server does the rest: the launches and the Python that issues "
-              "them. Both are counted (launches, Python lines): a count that is the same at every batch is host "
-              "work that does not grow with it. The time outside the ops measures that rest on this host, with one "
-              "effect of the CPU device left in it: an op that streams tens of MB through the CPU evicts the host "
-              "code's data from the caches, so the same Python lines after it run slower at a large batch than at "
-              "a small one (the warm column). Flushing the caches after every op (a 32 MiB write, timed as part of "
-              "the op) puts both batches in the same state: the cold column compares like with like, at the price "
-              "of absolute times several times a warm host's (so it would show a Python loop over the requests "
-              "less sharply than a GPU server's host would; the counted column shows any such loop exactly)."]
+              "them. Both are counted (launches, Python lines) and both are the same at every batch: the host does "
+              "the same work at batch 64 as at batch 1. The time outside the ops still grows with the batch on "
+              "this host: the same Python lines take longer at batch 64. What the CPU device leaves in that time "
+              "(its math's traffic through the caches the host code uses) is not separated here, so the measured "
+              "target is reported as measured and not claimed; a GPU run would settle it. The time outside the ops "
+              "is low by a fraction of the timing's own cost per op, the same at every batch: its growth in ms is "
+              "exact where its ratio is not."]
     late = [f"{r['mode']} {r['num_kv_heads']} heads {r['variant']} b{r['batch']}" for r in rows
             if r["cpu_fallbacks_in_counted_steps"]]
     lines += ["", "CPU parts computed by the layer itself in the counted steps (late on a loaded host; the fallback's "
               "path is then in the counts): " + (", ".join(late) if late else "none") + "."]
     lines += ["", "## Every measurement", "",
               "| mode | KV heads | step | batch | ops / layer | launches / layer | scalar reads / layer | "
-              "Python lines / layer | host ms / layer | outside ops ms / layer | the same, cold | plan ms / step |",
-              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "Python lines / layer | host ms / layer | outside ops ms / layer | plan ms / step |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['num_kv_heads']} | {r['variant']} | {r['batch']} | {r['ops_per_layer']} | "
                      f"{r['launches_per_layer']} | {r['scalar_reads_per_layer']} | {r['python_lines_per_layer']} | "
-                     f"{r['host_ms_per_layer']} | {r['outside_ops_ms_per_layer']} | "
-                     f"{r.get('outside_ops_cold_ms_per_layer', '-')} | {r['plan_host_ms']} |")
+                     f"{r['host_ms_per_layer']} | {r['outside_ops_ms_per_layer']} | {r['plan_host_ms']} |")
     lines += ["", f"**Projection, not a measurement** ({PROJECTION['model']}: {PROJECTION['layers']} layers, batch "
               f"{PROJECTION['batch']}): host time per decode step = layers x (launches per layer x {LAUNCH_US} us per "
               f"launch + scalar reads per layer x {SYNC_US} us per sync), with the steady counts at 8 KV heads "
@@ -299,8 +287,7 @@ def main(argv=None) -> int:
                 if variant != "steady" and num_kv_heads != max(heads):
                     continue  # block fills and recalls at 8 KV heads, at the smallest and largest batch
                 for batch in batches if variant == "steady" else (batches[0], batches[-1]):
-                    cold = variant == "steady" and num_kv_heads == max(heads) and batch in (1, 64)
-                    row = measure(mode, batch, num_kv_heads, variant, 3, clock_overhead_s, cold_control=cold)
+                    row = measure(mode, batch, num_kv_heads, variant, 3, clock_overhead_s)
                     log(f"{mode} heads={num_kv_heads} {variant} batch={batch}: {row['ops_per_layer']} ops, "
                         f"{row['scalar_reads_per_layer']} scalar reads, {row['host_ms_per_layer']} ms per layer, "
                         f"{row['outside_ops_ms_per_layer']} ms of it outside the ops, {row['python_lines_per_layer']} Python lines, "
@@ -316,7 +303,7 @@ def main(argv=None) -> int:
         python_lines_per_layer={f"{m}@{b}": r["python_lines_per_layer"] for (m, b), r in steady.items()},
         host_work_ratio_b64_b1={m: t["host_work_ratio_b64_b1"] for m, t in result["targets"].items()},
         time_ratio_b64_b1={m: t["time_ratio_b64_b1"] for m, t in result["targets"].items()},
-        time_ratio_b64_b1_warm={m: t["time_ratio_b64_b1_warm"] for m, t in result["targets"].items()},
+        outside_ops_growth_ms_b1_to_b64={m: t["outside_ops_growth_ms_b1_to_b64"] for m, t in result["targets"].items()},
         time_ratio_b64_b1_with_math={m: t["time_ratio_b64_b1_with_math"] for m, t in result["targets"].items()},
     )
     if not args.quick:

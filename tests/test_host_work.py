@@ -58,19 +58,6 @@ def test_the_clock_puts_python_time_outside_the_ops_and_counts_them():
     assert clock.outside_s(wall, overhead_s_per_op=0.01) == pytest.approx(clock.outside_s(wall) - 0.02)
 
 
-def test_the_cache_flush_is_timed_inside_the_op():
-    x = torch.zeros(4)
-    with HostClock(flush_bytes=64 * 2**20) as flushed:
-        for _ in range(5):
-            x.add_(1.0)
-    with HostClock() as plain:
-        for _ in range(5):
-            x.add_(1.0)
-    assert flushed.inside_s > plain.inside_s  # five 64 MiB writes against five 4-element adds
-    with pytest.raises(ValueError, match="flush_bytes"):
-        HostClock(flush_bytes=-1)
-
-
 def test_kept_memory_is_not_given_back_when_a_large_tensor_is_freed():
     """In a fresh process: a freed 256 MiB tensor leaves the resident set without keep_freed_memory() and stays
     in it with (glibc keeps it for the next allocation, as a GPU's caching allocator does)."""

@@ -52,6 +52,7 @@ def decode_step(engine, gen, *counters):
     engine.begin_step(sorted(engine.requests))
     outputs = []
     with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
         for counter in counters:
             stack.enter_context(counter)
         for layer in range(LAYERS):

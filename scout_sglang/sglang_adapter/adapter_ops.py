@@ -18,6 +18,7 @@ engine's op counter and line counter on random tensors of the model's shapes.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from types import MethodType, SimpleNamespace
 
@@ -31,22 +32,25 @@ from scout_sglang.core.shape import ModelShape
 @dataclass(frozen=True)
 class AdapterCounts:
     """Per decode layer: ops dispatched (views included), ops that would launch a kernel and Python lines
-    executed, for the decode wrapper (every engine layer) and for the layer-ahead prediction (each layer that
-    takes one)."""
+    executed (None where they could not be counted), for the decode wrapper (every engine layer) and for the
+    layer-ahead prediction (each layer that takes one)."""
 
     wrapper_ops: int
     wrapper_launches: int
-    wrapper_lines: int
+    wrapper_lines: int | None
     prediction_ops: int
     prediction_launches: int
-    prediction_lines: int
+    prediction_lines: int | None
 
 
-def _count(fn, prepare=lambda: None) -> tuple[int, int, int]:
-    """Ops, launches and Python lines of `fn()`, each counted on its own call (`prepare()` before each)."""
+def _count(fn, prepare=lambda: None) -> tuple[int, int, int | None]:
+    """Ops, launches and Python lines of `fn()`, each counted on its own call (`prepare()` before each); no line
+    count (None) under a debugger or coverage tool, which holds the one trace function."""
     prepare()
     with torch.no_grad(), OpCounter() as counter:
         fn()
+    if sys.gettrace() is not None:
+        return sum(counter.ops.values()), counter.launches(), None
     prepare()
     with torch.no_grad(), PythonLineCounter() as lines:
         fn()

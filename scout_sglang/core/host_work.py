@@ -85,7 +85,7 @@ class HostClock(TorchDispatchMode):
         """Of `wall_s`, the wall time of the timed block, the seconds not spent in its ops, less this clock's own
         cost per op (`clock_overhead_s_per_op()`). A little of that cost falls inside the timed window (the call
         of the op, a clock read), so the result is low by that much per op: the same at every batch size, so a
-        difference between batch sizes is exact where a ratio is not."""
+        difference between batch sizes is free of that bias where a ratio is not."""
         return wall_s - self.inside_s - self.ops * overhead_s_per_op
 
 

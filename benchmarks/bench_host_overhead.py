@@ -214,8 +214,7 @@ def write_report(result) -> None:
               "them. Both are counted (launches, Python lines) and both are the same at every batch: the host does "
               "the same work at batch 64 as at batch 1. The time outside the ops still grows with the batch on "
               "this host: the same Python lines take longer at batch 64. What the CPU device leaves in that time "
-              "(its math's traffic through the caches the host code uses; in the modes with a CPU part, the worker "
-              "threads sharing the host's cores) is not separated here, so the measured "
+              "(its math's traffic through the caches the host code uses, for one) is not separated here, so the measured "
               "target is reported as measured and not claimed; a GPU run would settle it. The time outside the ops "
               "is low by a fraction of the timing's own cost per op, the same at every batch: that bias leaves its "
               "growth in ms untouched, not its ratio."]

@@ -18,6 +18,7 @@ is one JSON object; the full mode writes benchmarks/results/host_overhead.{json,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -69,7 +70,7 @@ def decode_step(engine, shape, batch, gen, counter=None):
     start = time.perf_counter()
     engine.begin_step(list(range(batch)))
     planned = time.perf_counter()
-    with counter if counter is not None else _nothing():
+    with counter if counter is not None else contextlib.nullcontext():
         for layer in range(NUM_LAYERS):
             if layer + 1 < NUM_LAYERS and engine.wants_prediction(layer + 1):
                 engine.predict(layer + 1, q[layer + 1] + 0.1)
@@ -77,14 +78,6 @@ def decode_step(engine, shape, batch, gen, counter=None):
     looped = time.perf_counter()
     telemetry = engine.end_step()
     return looped - planned, planned - start + time.perf_counter() - looped, telemetry
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def second_step(mode, batch, num_kv_heads, variant, counter=None) -> tuple[float, float, object]:
@@ -102,7 +95,7 @@ def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s) -> di
     """One row: counts of the measured step, and the best of `repeats` timings of it: the wall time with no
     counter on, and the time outside the ops (less the clock's own `clock_overhead_s` per op)."""
     counter, lines = OpCounter(), PythonLineCounter()
-    fallbacks = 0  # CPU parts the layer computed itself in the counted steps (late on a loaded host): their paths count
+    fallbacks = 0  # CPU parts the layer computed itself in the counted steps (late on a loaded host)
     for count in (counter, lines):  # counted, not timed: counting costs host time
         fallbacks += sum(second_step(mode, batch, num_kv_heads, variant, count)[2].cpu_fallbacks.values())
     times, plans, outside = [], [], []
@@ -189,9 +182,9 @@ def write_report(result) -> None:
              "host thread executed in the layer loop. Host ms: wall time of the layer loop, best of the timed steps. "
              "Outside ops: of that wall time, what was spent neither in aten ops nor waiting for the CPU part "
              "(`scout_sglang/core/host_work.py`), less the timing's own cost per op "
-             f"({result['clock_overhead_us_per_op']} us, measured in this run), best of the timed steps. Plan ms: the once-a-step host work around "
-             "the layer loop (begin_step's plan, end_step). Freed memory is kept by the C library, as a GPU's "
-             "caching allocator keeps it.", "",
+             f"({result['clock_overhead_us_per_op']} us, measured in this run), best of the timed steps. Plan ms: "
+             "the once-a-step host work around the layer loop (begin_step's plan, end_step). Freed memory is kept "
+             "by the C library, as a GPU's caching allocator keeps it.", "",
              "## Targets", "",
              f"Ops per layer equal within {100 * TARGETS['ops_spread']:.0f}% across batch sizes and head counts; "
              "zero scalar reads inside the layer loop; host time per layer at batch 64 at most "
@@ -214,10 +207,10 @@ def write_report(result) -> None:
               "them. Both are counted (launches, Python lines) and both are the same at every batch: the host does "
               "the same work at batch 64 as at batch 1. The time outside the ops still grows with the batch on "
               "this host: the same Python lines take longer at batch 64. What the CPU device leaves in that time "
-              "(its math's traffic through the caches the host code uses, for one) is not separated here, so the measured "
-              "target is reported as measured and not claimed; a GPU run would settle it. The time outside the ops "
-              "is low by a fraction of the timing's own cost per op, the same at every batch: that bias leaves its "
-              "growth in ms untouched, not its ratio."]
+              "(its math's traffic through the caches the host code uses, for one) is not separated here, so the "
+              "measured target is reported as measured and not claimed; a GPU run would settle it. The time "
+              "outside the ops is low by a fraction of the timing's own cost per op, the same at every batch: that "
+              "bias leaves its growth in ms untouched, not its ratio."]
     late = [f"{r['mode']} {r['num_kv_heads']} heads {r['variant']} b{r['batch']}" for r in rows
             if r["cpu_fallbacks_in_counted_steps"]]
     lines += ["", "CPU parts computed by the layer itself in the counted steps (late on a loaded host; the fallback's "
@@ -273,7 +266,8 @@ def main(argv=None) -> int:
     if not keep_freed_memory():
         log("not glibc: freeing a large tensor may unmap it, and the time outside the ops then includes that")
     clock_overhead_s = clock_overhead_s_per_op()
-    log(f"the timing dispatch mode costs {1e6 * clock_overhead_s:.2f} us per op (taken out of the time outside the ops)")
+    log(f"the timing dispatch mode costs {1e6 * clock_overhead_s:.2f} us per op "
+        "(taken out of the time outside the ops)")
     modes = ("full", "scout") if args.quick else MODES
     batches = (1, 64) if args.quick else (1, 8, 32, 64)
     heads = (8,) if args.quick else (1, 8)
@@ -290,7 +284,8 @@ def main(argv=None) -> int:
                     row = measure(mode, batch, num_kv_heads, variant, 3, clock_overhead_s)
                     log(f"{mode} heads={num_kv_heads} {variant} batch={batch}: {row['ops_per_layer']} ops, "
                         f"{row['scalar_reads_per_layer']} scalar reads, {row['host_ms_per_layer']} ms per layer, "
-                        f"{row['outside_ops_ms_per_layer']} ms of it outside the ops, {row['python_lines_per_layer']} Python lines, "
+                        f"{row['outside_ops_ms_per_layer']} ms of it outside the ops, "
+                        f"{row['python_lines_per_layer']} Python lines, "
                         f"{row['cpu_fallbacks_in_counted_steps']} CPU fallbacks in the counted steps")
                     rows.append(row)
     result = dict(rows=rows, quick=args.quick, projected_step_ms=projection(rows), targets=check_targets(rows),

@@ -11,6 +11,8 @@ reads host KV the same way with its kernel I/O backend).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from scout_sglang.kernels.checks import check_tensor
@@ -50,7 +52,7 @@ def copy_block_rows(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor
     copy_rows_from_host_triton(src, src_rows, dst, dst_rows, -1 if skip_row is None else skip_row)
 
 
-@torch.library.custom_op("scout::copy_rows_cpu", mutates_args=("dst",), device_types="cpu")
+@torch.library.custom_op("scout::copy_rows_cpu", mutates_args=("dst",))
 def _copy_rows_cpu(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor,
                    skip_row: int) -> None:
     """The native CPU row copy as one dispatched op: op counters count it and host clocks time it as the one
@@ -58,8 +60,10 @@ def _copy_rows_cpu(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor,
     _native_copy()(src, src_rows, dst, dst_rows, skip_row)
 
 
+@functools.cache
 def _native_copy():
-    """The native CPU row copy (built with the CPU attention kernel), or None where it is unavailable."""
+    """The native CPU row copy (built with the CPU attention kernel), or None where it is unavailable; looked up
+    once per process (its build is too), not on every copy."""
     from scout_sglang.cpu_worker.native_kernel import load_native
 
     module = load_native().module

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from test_sglang_pd import COMMON, ENV
 
-from scout_sglang.server.pd import DECODE_ARGS, PD_ENV, PREFILL_ARGS
+from scout_sglang.server.pd import DECODE_ARGS, PD_ENV, PREFILL_ARGS, page_args
 
 DEPLOYMENT = Path(__file__).resolve().parents[1] / "docs" / "deployment.md"
 
@@ -26,5 +26,5 @@ def test_the_page_shows_the_flags_and_environment_the_launcher_uses():
 
 def test_the_page_shows_the_settings_the_pd_test_runs_with():
     text = shown_commands()
-    assert " ".join(COMMON) in text
+    assert " ".join((*page_args(COMMON, ENV), *COMMON)) in text  # the launcher's page size, then the test's flags
     assert " ".join(f"{name}={value}" for name, value in ENV.items()) in text

@@ -27,17 +27,30 @@ def qwen3_dir(tmp_path_factory):
                            num_kv_heads=2, head_dim=16)
 
 
-def test_split_backends_decode_through_scout_and_match_the_reference_decoder(qwen3_dir, tmp_path):
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_split_backends_decode_through_scout_and_match_the_reference_decoder(qwen3_dir, tmp_path, page_size):
+    """Pages of one block (the tiny preset's 16 tokens): the host pool torch_native writes is the engine's store,
+    one host copy of the K/V. Pages of one token: the engine copies the K/V into a store of its own."""
     prompts = random_prompts((260, 700), vocab=VOCAB, seed=4)
-    args = ("--prefill-attention-backend", "torch_native", "--decode-attention-backend", "scout", *COMMON)
-    with launched_server(qwen3_dir, *args, env=SCOUT_ENV, log_path=tmp_path / "split.log") as base:
+    args = ("--prefill-attention-backend", "torch_native", "--decode-attention-backend", "scout", *COMMON,
+            "--page-size", str(page_size))
+    log = tmp_path / "split.log"
+    with launched_server(qwen3_dir, *args, env=SCOUT_ENV, log_path=log) as base:
         served = [generate(base, prompt, 20)["output_ids"] for prompt in prompts]
         stats = scout_stats(base)
     expected, cosine, _ = reference_outputs(qwen3_dir, SCOUT_ENV, prompts, 20)
     assert served == expected
     assert stats["cpu_blocks"] > 0 and stats["cpu_launched_ahead_fraction"] == 1.0
     assert stats["usage"]["requests"] == 0
-    assert stats["memory"]["layout"] == "arrival"  # torch_native prefill writes a host pool; decode moves it over
+    memory = stats["memory"]
+    assert memory["layout"] == "arrival"  # torch_native prefill writes a host pool; decode keeps or copies it
+    logical_kv = 8192 * memory["token_bytes"]  # every layer's K/V of the logical capacity, once
+    if page_size == 16:
+        assert logical_kv <= memory["host_bytes_allocated"] <= 1.05 * logical_kv
+        assert "two copies" not in log.read_text()
+    else:
+        assert memory["host_bytes_allocated"] > 1.5 * logical_kv
+        assert "the K/V is held twice in host memory" in log.read_text()
 
 
 def test_a_pd_decode_instance_admits_transferred_requests_and_decodes(qwen3_dir, tmp_path):

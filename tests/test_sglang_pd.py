@@ -128,6 +128,8 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
     assert after["usage"] == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}
     memory = after["memory"]
     assert memory["layout"] == "arrival" and memory["sglang_pool_device_bytes"] == 0  # K/V arrived in host memory
+    # the launcher's pages of one block: the arrival pool is the engine's host store, one copy of the K/V
+    assert memory["host_bytes_allocated"] <= 1.05 * 8192 * memory["token_bytes"]
     layer_token_bytes = memory["token_bytes"] // 3  # the needle model has 3 layers, layer 0 dense (tiny preset)
     block = 16
     per_slot = BUDGET + 3 * block  # the budget, plus the sink, local and scratch blocks

@@ -110,13 +110,15 @@ class CoAttentionEngine:
     cpu_health : when the CPU worker is given work (cpu_health.CpuWorkerHealth; None: one of its defaults)
     cpu_set : the CPUs the pool this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
         None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one group per `cpu_threads_per_group` of them
+    host_store : a stores.BorrowedHostStore to keep the full blocks of the offloaded layers in (its owner assigns
+        each block's page: assign_host_pages); None: the engine allocates its own host store
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
                  cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
                  cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None,
-                 cpu_set=None):
+                 cpu_set=None, host_store=None):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -139,7 +141,7 @@ class CoAttentionEngine:
             self.offloaded_layers, num_host_pages=pages, max_requests=max_requests, max_blocks=self.max_blocks,
             shape=shape, block_size=self.block_size, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
-            device=self.device,
+            device=self.device, borrowed=host_store,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
@@ -205,6 +207,12 @@ class CoAttentionEngine:
             previous[state.slot] = PAD_BLOCK
         self.requests[rid] = state
 
+    def assign_host_pages(self, rid: int, first_block: int, pages: list[int]) -> None:
+        """With a borrowed host store: full blocks first_block, first_block + 1, ... of `rid` live in `pages`
+        (before the write that fills them: prefill for a prompt's blocks, begin_step for the block a step
+        completes)."""
+        self.offloaded.assign_host_pages(rid, self.requests[rid].slot, first_block, pages)
+
     def release_request(self, rid: int) -> None:
         """Free every host and device page of a request (finish, abort, retraction)."""
         state = self.requests.pop(rid, None)
@@ -242,17 +250,19 @@ class CoAttentionEngine:
         full, off = self.full_store, self.offloaded
         full_kv = _nbytes(full.k, full.v)
         full_digests = _nbytes(full.digest_min, full.digest_max)
-        digests, window, host = _nbytes(off.digest_min, off.digest_max), _nbytes(off.dev_k, off.dev_v), _nbytes(off.host_k, off.host_v)
+        digests, window = _nbytes(off.digest_min, off.digest_max), _nbytes(off.dev_k, off.dev_v)
+        host_page = sum(t[0].numel() * t.element_size() for t in (*off.host_k.values(), *off.host_v.values()))
         # Each store has one scratch page beyond its allocator's pages (stores.py): allocated, never used.
         full_used = full.pages.num_used / (full.pages.num_pages + 1)
-        host_used = off.host_pages.num_used / (off.host_pages.num_pages + 1)
+        digest_row = sum(t[0].numel() * t.element_size() for t in (*off.digest_min.values(), *off.digest_max.values()))
         window_used = off.device_pages.num_used / (off.device_pages.num_pages + 1)
         return {
             "tokens": sum(state.num_tokens for state in self.requests.values()),
             "device_bytes_allocated": full_kv + full_digests + digests + window,
-            "device_bytes_used": round((full_kv + full_digests) * full_used + digests * host_used + window * window_used),
-            "host_bytes_allocated": host,
-            "host_bytes_used": round(host * host_used),
+            "device_bytes_used": round((full_kv + full_digests) * full_used + off.host_pages.num_used * digest_row
+                                       + window * window_used),
+            "host_bytes_allocated": off.host_bytes_owned(),  # a borrowed store's bytes are its owner's
+            "host_bytes_used": off.host_pages.num_used * host_page,  # borrowed or not: the pages holding blocks
         }
 
     # -- prefill (host work per chunk, outside the decode step) ------------------

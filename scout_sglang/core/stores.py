@@ -23,6 +23,13 @@ token completes no block, a recall move past the capacity), so the number of
 ops never depends on the data. Nothing reads the scratch page.
 
 Pages are allocated per request, once for all layers of a kind.
+
+The host store may be borrowed (BorrowedHostStore): on a PD decode instance
+the pages where the transfer engine lands a request's K/V are the store
+itself. Their owner (SGLang's allocator) allocates and frees them; the engine
+is told which page holds each block (AssignedPageTable), and the first write of
+a full block, at admission, turns the page from the token-major layout it
+arrived in into the engine's head-major one in place.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import torch
 
 from scout_sglang import kernels
+from dataclasses import dataclass
+
 from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry
@@ -76,6 +85,79 @@ class SlotPageTable:
 
     def page_list(self, rid: int) -> list[int]:
         return self.pages.table(rid)
+
+
+class AssignedPages:
+    """PageAllocator's bookkeeping for pages someone else allocates: which pages each request's blocks were
+    assigned, in order. It allocates and frees nothing."""
+
+    def __init__(self, num_pages: int, *, name: str):
+        self.num_pages, self.name = num_pages, name
+        self._tables: dict[int, list[int]] = {}
+
+    @property
+    def num_used(self) -> int:
+        return sum(len(pages) for pages in self._tables.values())
+
+    def count(self, rid: int) -> int:
+        return len(self._tables.get(rid, ()))
+
+    def table(self, rid: int) -> list[int]:
+        return list(self._tables.get(rid, ()))
+
+    def assign(self, rid: int, first_block: int, pages: list[int]) -> None:
+        have = self._tables.setdefault(rid, [])
+        if first_block != len(have):
+            raise ValueError(f"{self.name}: request {rid} holds {len(have)} blocks, block {first_block} cannot be "
+                             "assigned next")
+        bad = [page for page in pages if not 0 < page < self.num_pages]  # page 0 is the scratch page
+        if bad:
+            raise ValueError(f"{self.name}: pages {bad[:4]} of request {rid} are outside 1..{self.num_pages - 1}")
+        have.extend(pages)
+
+    def release(self, rid: int) -> int:
+        return len(self._tables.pop(rid, []))
+
+    def check_consistent(self) -> None:
+        """No page is assigned to two blocks."""
+        owned = [p for pages in self._tables.values() for p in pages]
+        assert len(owned) == len(set(owned)), f"{self.name}: a page is assigned to two blocks"
+
+
+class AssignedPageTable(SlotPageTable):
+    """SlotPageTable over a borrowed host store: `assign` records which page holds each block (the pool's owner
+    allocated it); `ensure` only checks that it did; release forgets the pages and frees none."""
+
+    def __init__(self, num_pages: int, max_requests: int, max_blocks: int, *, name: str):
+        self.pages = AssignedPages(num_pages, name=name)
+        self.max_blocks = max_blocks
+        self.table = torch.full((max_requests, max_blocks), PAD_BLOCK, dtype=torch.int32)  # [slots, NB] CPU
+
+    def assign(self, rid: int, slot: int, first_block: int, pages: list[int]) -> None:
+        """Blocks first_block, first_block + 1, ... of `rid` live in `pages` (assigned in order, once)."""
+        if first_block + len(pages) > self.max_blocks:
+            raise OutOfPagesError(f"{self.pages.name}: request {rid} needs {first_block + len(pages)} blocks, more "
+                                  f"than the {self.max_blocks} per request this engine was sized for "
+                                  "(max_tokens_per_request)")
+        self.pages.assign(rid, first_block, pages)
+        self.table[slot, first_block:first_block + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+
+    def ensure(self, rid: int, slot: int, num_blocks: int) -> None:
+        if num_blocks > self.pages.count(rid):
+            raise RuntimeError(f"{self.pages.name}: request {rid} needs {num_blocks} full blocks, "
+                               f"{self.pages.count(rid)} were assigned a page by the pool's owner")
+
+
+@dataclass
+class BorrowedHostStore:
+    """Host K/V pages the engine stores its full blocks in without owning them.
+
+    k, v : {layer: [P, Hkv, S, D] contiguous} for every offloaded layer (views of the owner's buffers);
+    page 0 is the scratch page (SGLang's padding page: nothing reads it)."""
+
+    k: dict
+    v: dict
+    scratch_page: int = 0
 
 
 class DeviceFullStore:
@@ -125,7 +207,8 @@ class OffloadedStore:
     """Host store of full blocks plus device digests, window and resident buffer."""
 
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
-                 block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device):
+                 block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
+                 borrowed: BorrowedHostStore | None = None):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -135,12 +218,25 @@ class OffloadedStore:
         self.pages_per_request = self.window_width + resident_blocks
         self.device = device
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
-        self.host_scratch_page = num_host_pages
-        host_shape = (num_host_pages + 1, num_kv_heads, block_size, head_dim)
-        pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
-        # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
-        self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
-        self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
+        self.borrowed = borrowed is not None
+        if borrowed is None:
+            self.host_scratch_page = num_host_pages
+            host_shape = (num_host_pages + 1, num_kv_heads, block_size, head_dim)
+            pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
+            # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
+            self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
+            self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
+            self.host_tables = SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
+        else:
+            check_borrowed(borrowed, self.layers, (num_kv_heads, block_size, head_dim), dtype)
+            self.host_scratch_page = borrowed.scratch_page
+            self.host_k = {layer: borrowed.k[layer] for layer in self.layers}
+            self.host_v = {layer: borrowed.v[layer] for layer in self.layers}
+            num_borrowed = next(iter(self.host_k.values())).shape[0] if self.layers else 1
+            if num_borrowed > num_host_pages + 1:  # digests have a row per host page
+                raise ValueError(f"the borrowed host store has {num_borrowed} pages, more than the {num_host_pages} "
+                                 "(and a scratch page) this engine was sized for (total_pages)")
+            self.host_tables = AssignedPageTable(num_borrowed, max_requests, max_blocks, name="borrowed host KV pages")
         digest_shape = (num_host_pages + 1, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
@@ -149,7 +245,6 @@ class OffloadedStore:
         device_shape = (num_device_pages + 1, num_kv_heads, block_size, head_dim)
         self.dev_k = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
         self.dev_v = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
-        self.host_tables = SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
         self.host_pages = self.host_tables.pages
         self.device_pages = PageAllocator(num_device_pages, name="device window/resident pages")
         # Device pages of each slot's window (sink, ring) and resident slots, set at admission.
@@ -176,6 +271,12 @@ class OffloadedStore:
 
     def ensure_full_blocks(self, rid: int, slot: int, num_full: int) -> None:
         self.host_tables.ensure(rid, slot, num_full)
+
+    def assign_host_pages(self, rid: int, slot: int, first_block: int, pages: list[int]) -> None:
+        """A borrowed store's pages of blocks first_block, first_block + 1, ... of `rid`."""
+        if not self.borrowed:
+            raise RuntimeError("host pages are assigned only to a borrowed host store; this engine owns its own")
+        self.host_tables.assign(rid, slot, first_block, pages)
 
     def window_page(self, rid: int, block: int) -> int:
         """Device page of a sink, local or tail block."""
@@ -223,6 +324,24 @@ class OffloadedStore:
         kernels.digest_blocks(k_blocks.to(self.digest_min[layer].dtype).contiguous(), rows, self.digest_min[layer],
                               self.digest_max[layer])
 
+    def host_bytes_owned(self) -> int:
+        """Host bytes this store allocated (none when borrowed)."""
+        return 0 if self.borrowed else sum(t.numel() * t.element_size()
+                                           for store in (self.host_k, self.host_v) for t in store.values())
+
     def block_bytes_per_head(self, layer: int) -> int:
         k = self.host_k[layer]
         return 2 * k.shape[2] * k.shape[3] * k.element_size()
+
+
+def check_borrowed(borrowed: BorrowedHostStore, layers, page_shape: tuple[int, int, int], dtype) -> None:
+    """A borrowed store has a contiguous [P, Hkv, S, D] tensor of the engine's dtype for K and V of each layer."""
+    for layer in layers:
+        for name, store in (("k", borrowed.k), ("v", borrowed.v)):
+            t = store.get(layer)
+            if t is None:
+                raise ValueError(f"the borrowed host store has no {name} pages for offloaded layer {layer}")
+            if t.dim() != 4 or tuple(t.shape[1:]) != page_shape or t.dtype != dtype or not t.is_contiguous():
+                raise ValueError(f"the borrowed host store's {name} pages of layer {layer} are {tuple(t.shape)} "
+                                 f"{t.dtype}{'' if t.is_contiguous() else ' (not contiguous)'}; the engine needs "
+                                 f"contiguous [pages, {', '.join(map(str, page_shape))}] {dtype}")

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from scout_sglang.env import config_from_env
 from scout_sglang.server.launch import free_port, launched_process, launched_server
 
 # Both instances. Mooncake over TCP on loopback: no RDMA device is needed (a deployment with one sets
@@ -53,10 +54,12 @@ def launched_pd(model_path, *, common_args=(), prefill_args=(), decode_args=(), 
     """Yields the PdUrls of a running prefill + decode + router; stops all three on exit.
 
     `common_args` go to both servers, `prefill_args` / `decode_args` after the defaults above; `env` is added to
-    both servers' environment (the decode instance reads SCOUT_* from it)."""
+    both servers' environment (the decode instance reads SCOUT_* from it). Both servers get pages of one scout
+    block (page_args) unless `common_args` sets --page-size."""
     bootstrap = free_port()
     transfer = ("--disaggregation-transfer-backend", transfer_backend)
     environment = {**PD_ENV, **(env or {})}
+    common_args = (*page_args(common_args, environment), *common_args)
     logs = Path(log_dir) if log_dir else None
 
     def log(name):
@@ -76,6 +79,14 @@ def launched_pd(model_path, *, common_args=(), prefill_args=(), decode_args=(), 
         stack.enter_context(launched_process(command, router + "/readiness", env=dict(os.environ),
                                              log_path=log("router"), what="router"))
         yield PdUrls(router=router, prefill=prefill, decode=decode)
+
+
+def page_args(common_args, env: dict) -> tuple[str, ...]:
+    """--page-size of scout's block size (from SCOUT_* in `env`, else this process's), unless the flags set one:
+    the decode instance's arrival pool, where the K/V lands, is then the engine's host store (one copy)."""
+    if any(arg == "--page-size" or arg.startswith("--page-size=") for arg in common_args):
+        return ()
+    return ("--page-size", str(config_from_env({**os.environ, **env}).block_size))
 
 
 def entered_together(stack: contextlib.ExitStack, managers: list) -> list:

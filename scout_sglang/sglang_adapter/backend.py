@@ -4,8 +4,11 @@ Where the prompt's K/V goes depends on the KV pool (kv_pool.py):
   logical  this backend runs prefill itself: each chunk's K/V goes straight into
            the engine (host store of full blocks, digests, device window), and
            a continued chunk stages its prefix from the engine for one layer;
-  arrival  K/V arrives in a host pool (PD transfer, or a stock prefill backend)
-           and a request's first decode copies it into the engine;
+  arrival  K/V arrives in a host pool (PD transfer, or a stock prefill backend);
+           with pages of one block, the pool is the engine's host store (its
+           pages are assigned to the engine's blocks from req_to_token, and a
+           request's first decode rewrites them in place into the engine's
+           layout), otherwise the first decode copies the K/V into the engine;
   stock    (SCOUT_KV_POOL=stock) prefill is delegated to a stock backend that
            writes SGLang's device pool, copied into the engine at first decode.
 A decoded token's K/V is written to the engine, and to SGLang's pool only in
@@ -41,6 +44,12 @@ from scout_sglang.sglang_adapter.graph_breaks import (
     attend_between_segments,
     graph_break_active,
     use_breakable_decode_graphs,
+)
+from scout_sglang.sglang_adapter.arrival_pages import (
+    block_pages,
+    borrowed_host_store,
+    completed_block_pages,
+    shares_arrival_pool,
 )
 from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
@@ -172,12 +181,16 @@ class ScoutAttnBackend:
         faults = injected_faults()
         if faults is not None:
             logger.warning("scout: SCOUT_TEST_FAULTS injects faults: %s", faults)
+        self.host_store = None  # the arrival pool's pages, when they are the engine's host store
+        offloaded = memory_report.layer_split(self.config, self.shape.num_layers)[0]
+        if self.layout == "arrival" and offloaded and shares_arrival_pool(pool.page_size, self.config.block_size):
+            self.host_store = borrowed_host_store(pool, offloaded, self.config.block_size, self.device)
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
                                         total_pages=total_pages, track_changes=False,
                                         cpu_deadline_ms=cpu_deadline_ms(),
                                         cpu_faults=faults if faults is not None and faults.cpu_faults else None,
-                                        cpu_set=rank_cpus(self.place, self.device))
+                                        cpu_set=rank_cpus(self.place, self.device), host_store=self.host_store)
         if self.place.tp_size > 1:
             cpus = (self.engine.cpu_worker_state() or {}).get("cpus")
             logger.info("scout: tensor-parallel rank %d of %d (process %d of %d on this host): %d query and %d KV "
@@ -398,6 +411,9 @@ class ScoutAttnBackend:
                 known = None
             if known is None:
                 self._admit(rid, seq_len - 1)
+        if self.host_store is not None:
+            for rid, block, page in completed_block_pages(self.req_to_token_pool.req_to_token, self.engine, rids):
+                self.engine.assign_host_pages(rid, block, [page])
         self.engine.begin_step(rids)
 
     def _give_up(self, slot: int, request_id: str | None, stage: str, message: str) -> None:
@@ -433,11 +449,14 @@ class ScoutAttnBackend:
         self._extend_plan = list(zip(rids, prefixes, lengths))
 
     def _admit(self, rid: int, num_tokens: int) -> None:
-        """Copy a request's prompt (and earlier tokens) from SGLang's pool into the engine."""
+        """Move a request's prompt (and earlier tokens) from SGLang's pool into the engine: with a borrowed host
+        store its full blocks stay in their pages (rewritten in the engine's layout), else they are copied."""
         self.engine.add_request(rid)
         self.stats.admitted_requests += 1
         slots = self.req_to_token_pool.req_to_token[rid, :num_tokens].long()
         slots = slots.to(self.token_to_kv_pool.get_key_buffer(0).device)
+        if self.host_store is not None:
+            self.engine.assign_host_pages(rid, 0, block_pages(slots, self.config.block_size, rid))
         for layer_id in range(self.shape.num_layers):
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]

@@ -15,8 +15,15 @@ Layouts, chosen from the server's arguments:
            request slot that nothing reads or writes.
   arrival  scout only decodes (the decode instance of a PD deployment, or a
            stock prefill backend on a CPU server): SGLang's pool is a host
-           memory pool of L tokens, where transfers land and prefill writes;
-           a request's K/V moves into the engine at its first decode.
+           memory pool of L tokens, where transfers land and prefill writes.
+           With --page-size equal to the block size its pages are the
+           engine's host store (borrowed_host_store): at a request's first
+           decode each full page is rewritten in place from SGLang's
+           token-major layout to the engine's head-major one (a block of one
+           KV head is then one contiguous run, which the CPU attention reads),
+           and its digests are built; the one host copy of the K/V. With
+           another page size the K/V is copied into the engine's own store
+           (two host copies, logged).
 SCOUT_KV_POOL=stock keeps SGLang's own device pool (every token on the device).
 
 Before SGLang goes on, the engine's stores for L are planned
@@ -31,6 +38,7 @@ import logging
 import os
 
 from scout_sglang.env import PoolSettings, config_from_env, pool_settings_from_env
+from scout_sglang.sglang_adapter.arrival_pages import shares_arrival_pool
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
@@ -161,15 +169,16 @@ def check_engine_memory(plan: dict, device, tokens: int, extra_host_bytes: int =
                           local_ranks=place.local_ranks, available=available)
 
 
-def plan_engine(pool, tokens: int, slots: int, config=None) -> dict:
+def plan_engine(pool, tokens: int, slots: int, config=None, *, borrowed_host: bool = False) -> dict:
     """The engine's bytes for a logical capacity, from the configuration (default: SCOUT_*) and SGLang's pool
-    geometry."""
+    geometry (borrowed_host: the engine keeps its blocks in the arrival pool)."""
     from scout_sglang.sglang_adapter.memory_report import engine_total_pages, planned_bytes  # imports the engine
 
     config = config or config_from_env()
     return planned_bytes(config, num_layers=pool.layer_num, num_kv_heads=pool.head_num, head_dim=pool.head_dim,
                          itemsize=pool.dtype.itemsize,
-                         total_pages=engine_total_pages(tokens, config.block_size, slots), slots=slots)
+                         total_pages=engine_total_pages(tokens, config.block_size, slots), slots=slots,
+                         borrowed_host=borrowed_host)
 
 
 def configure_around(original, configurator, *args, **kwargs):
@@ -198,8 +207,10 @@ def configure_around(original, configurator, *args, **kwargs):
     place = rank_place(server_args)
     logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size, place.local_ranks)
     slots = result.req_to_token_pool.size  # the engine's request slots (the backend sizes it the same way)
-    plan = plan_engine(pool, logical, slots)
-    arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # a second host copy, where K/V lands
+    config = config_from_env()
+    shared = layout == "arrival" and shares_arrival_pool(page_size, config.block_size)
+    plan = plan_engine(pool, logical, slots, config, borrowed_host=shared)
+    arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # where K/V lands (the engine's store if shared)
     check_engine_memory(plan, configurator.device, logical, arrival_bytes, place)
     if layout == "arrival":
         pool = host_pool_like(pool, logical)
@@ -211,13 +222,25 @@ def configure_around(original, configurator, *args, **kwargs):
     logger.info("scout KV pool (%s): logical capacity %d tokens, %d request slots. Host memory: %s of K/V (the "
                 "engine's store of the offloaded layers%s). Device: %s for the engine (%s dense layers %s, %s digests, "
                 "%s windows and resident buffers); SGLang's device pool: %s", layout, logical, slots,
-                size_text(plan["host_bytes_allocated"] + arrival_bytes), ", and the arrival pool" if arrival_bytes else "",
+                size_text(plan["host_bytes_allocated"] + arrival_bytes), arrival_text(layout, shared),
                 size_text(plan["device_bytes_allocated"]), size_text(plan["dense_layer_bytes_allocated"]),
                 plan["dense_layers"], size_text(plan["digest_bytes_allocated"]),
                 size_text(plan["window_and_resident_bytes_allocated"]),
                 "none (a host pool receives the K/V)" if layout == "arrival" else f"{placeholder}-token placeholder")
+    if layout == "arrival" and not shared and plan["host_bytes_allocated"]:
+        logger.warning("scout KV pool (arrival): SGLang's page size (%d) is not the block size (%d), so the K/V is "
+                       "held twice in host memory (the arrival pool and the engine's store): run with --page-size %d "
+                       "(on the prefill instance too) to make the arrival pool the engine's store", page_size,
+                       config.block_size, config.block_size)
     return msgspec.structs.replace(result, max_total_num_tokens=logical, token_to_kv_pool=pool,
                                    token_to_kv_pool_allocator=allocator)
+
+
+def arrival_text(layout: str, shared: bool) -> str:
+    """What the host K/V of the start-up log line is, after "the engine's store of the offloaded layers"."""
+    if layout != "arrival":
+        return ""
+    return " in the arrival pool's pages: one copy" if shared else ", and the arrival pool: two copies"
 
 
 def host_pool_like(pool, size: int):

@@ -11,7 +11,8 @@ SGLang's own pool when it lives on the device:
                        or every layer in modes full and quest), for the whole
                        logical capacity
 Host bytes are the engine's host store (offloaded layers) plus the arrival pool
-of a PD decode instance.
+of a PD decode instance; when the arrival pool's pages are blocks (page size =
+block size) the engine borrows them as its store, and the pool is the one copy.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ def layer_split(config, num_layers: int) -> tuple[tuple[int, ...], tuple[int, ..
 
 
 def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int, total_pages: int,
-                  slots: int) -> dict:
+                  slots: int, borrowed_host: bool = False) -> dict:
     """What CoAttentionEngine(config, ...) allocates for `total_pages` pages and `slots` requests, before it is
     built: the start-up checks need it while SGLang sizes its pools. Equal to device_parts() and the host
-    store of the built engine (tested)."""
+    store of the built engine (tested). borrowed_host: the engine keeps its blocks in a borrowed host store
+    (the arrival pool) and allocates none."""
     offloaded, full = layer_split(config, num_layers)
     block = config.block_size
     page = 2 * num_kv_heads * block * head_dim * itemsize  # K and V of one block
@@ -60,7 +62,7 @@ def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, 
         "dense_layer_bytes_allocated": len(full) * pages * page,
     }
     return {**parts, "device_bytes_allocated": sum(parts.values()),
-            "host_bytes_allocated": len(offloaded) * pages * page, "dense_layers": list(full)}
+            "host_bytes_allocated": 0 if borrowed_host else len(offloaded) * pages * page, "dense_layers": list(full)}
 
 
 def device_parts(engine) -> dict:

@@ -1,0 +1,91 @@
+"""The arrival pool as the engine's host store: one host copy of the K/V on a PD decode instance.
+
+The arrival pool (kv_pool.py) is where the transfer engine, or a stock prefill
+backend, writes a request's K/V: per layer a token-major buffer
+[(L + S), Hkv, D] whose page p holds token slots [p * S, (p + 1) * S). When
+SGLang's page size S is the engine's block size, a request's block j is
+exactly one page (SGLang's paged allocator gives token j * S + i the slot
+page_j * S + i), so the engine keeps its full blocks there instead of in a
+store of its own:
+
+  - the store is each offloaded layer's buffer viewed as [pages, Hkv, S, D]
+    (page 0, SGLang's padding page, is its scratch page);
+  - the pages of a request's blocks come from req_to_token: the prompt's at
+    admission (block_pages), the page of a block a decode step completes at
+    that step's planning (completed_block_pages);
+  - admission writes each full block back into its own page in the engine's
+    head-major layout (one KV head's block is then one contiguous run of
+    S * D values, what the CPU attention and the recall copies read), and
+    builds its digests; nothing is copied to a second store;
+  - SGLang allocates and frees the pages; the engine only forgets them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GIB = 2**30
+
+
+def shares_arrival_pool(page_size: int, block_size: int) -> bool:
+    """Whether the engine can keep its blocks in the arrival pool: its pages are the engine's blocks."""
+    return page_size == block_size
+
+
+def borrowed_host_store(pool, layers, block_size: int, device):
+    """The arrival pool's pages of `layers` as a BorrowedHostStore. On CUDA the pool's memory is page-locked in
+    place (cudaHostRegister), so recall copies read it on the stream as they read the engine's own store."""
+    from scout_sglang.core.stores import BorrowedHostStore
+
+    heads, dim = pool.head_num, pool.head_dim
+    k = {layer: pool.get_key_buffer(layer).view(-1, heads, block_size, dim) for layer in layers}
+    v = {layer: pool.get_value_buffer(layer).view(-1, heads, block_size, dim) for layer in layers}
+    if torch.device(device).type == "cuda":
+        register_page_locked([*k.values(), *v.values()])
+    return BorrowedHostStore(k, v, scratch_page=0)
+
+
+def register_page_locked(tensors) -> None:
+    """Page-lock the host memory under `tensors` in place, each allocation once (CUDA only)."""
+    done = set()
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in done or tensor.is_pinned():
+            continue
+        done.add(storage.data_ptr())
+        error = torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)
+        if int(error) != 0:
+            raise RuntimeError(f"cudaHostRegister of the arrival pool's {storage.nbytes() / GIB:.1f} GiB failed "
+                               f"(error {int(error)}): the engine cannot read it on the GPU's stream")
+
+
+def block_pages(slots: torch.Tensor, size: int, rid: int) -> list[int]:
+    """Pages of a request's full blocks from its token slots [N] (page = slot // size), checking that block j's
+    tokens fill one page in order, as SGLang's paged allocator lays them out."""
+    full = slots.shape[0] // size * size
+    blocks = slots[:full].view(-1, size)
+    pages = blocks[:, 0] // size
+    expected = pages.view(-1, 1) * size + torch.arange(size, device=slots.device)
+    if not torch.equal(blocks, expected):
+        raise RuntimeError(f"request slot {rid}: its token slots are not whole pages of {size} in order, so the "
+                           "arrival pool's pages cannot be the engine's blocks")
+    return pages.tolist()
+
+
+def completed_block_pages(req_to_token: torch.Tensor, engine, rids: list[int]) -> list[tuple[int, int, int]]:
+    """(request slot, block, page) of each block the step's token completes, for the requests `rids` as the
+    engine holds them: SGLang allocated the page when the block's first token was decoded. One gather of
+    req_to_token for the batch (on a GPU one device read, at planning, in the steps where a block completes)."""
+    size = engine.block_size
+    completing = [(rid, (engine.requests[rid].num_tokens + 1) // size - 1) for rid in rids
+                  if (engine.requests[rid].num_tokens + 1) % size == 0]
+    if not completing:
+        return []
+    rows = torch.tensor([rid for rid, _ in completing], device=req_to_token.device)
+    columns = torch.tensor([block * size for _, block in completing], device=req_to_token.device)
+    first_slots = req_to_token[rows, columns].tolist()
+    for (rid, block), slot in zip(completing, first_slots):
+        if slot % size:
+            raise RuntimeError(f"request slot {rid}: block {block} starts at token slot {slot}, not at the start of "
+                               f"a page of {size}: SGLang's allocator did not give it a page of its own")
+    return [(rid, block, slot // size) for (rid, block), slot in zip(completing, first_slots)]

@@ -1,0 +1,170 @@
+"""The engine keeping its full blocks in a borrowed host store: the pages of an arrival pool (token-major, as
+SGLang's pool and the PD transfer lay them out), handed to the engine page by page as SGLang's paged allocator
+hands them to a request. It must decode exactly as the engine with a store of its own, rewrite each full block
+in place into its head-major layout, allocate no host K/V of its own and forget the pages on release."""
+
+import random
+
+import pytest
+import torch
+from oracle.driver import Driver
+
+from scout_sglang.config import ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.shape import ModelShape
+from scout_sglang.core.stores import BorrowedHostStore
+from scout_sglang.sglang_adapter.arrival_pages import block_pages, completed_block_pages
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SHAPE = ModelShape(num_layers=3, num_qo_heads=8, num_kv_heads=2, head_dim=32)
+BLOCK = 8
+POOL_PAGES = 64  # page 0 is the padding page
+LENGTHS = [13, 40, 71]
+STEPS = 20
+
+
+class ArrivalPool:
+    """SGLang's arrival pool as the engine sees it: per layer a token-major K and V buffer of POOL_PAGES pages,
+    pages given out in a scrambled order, each request's token slots in req_to_token."""
+
+    def __init__(self, seed: int = 0):
+        slots, heads, dim = POOL_PAGES * BLOCK, SHAPE.num_kv_heads, SHAPE.head_dim
+        self.k = {layer: torch.zeros(slots, heads, dim) for layer in range(SHAPE.num_layers)}
+        self.v = {layer: torch.zeros(slots, heads, dim) for layer in range(SHAPE.num_layers)}
+        self.free = list(range(1, POOL_PAGES))
+        random.Random(seed).shuffle(self.free)
+        self.req_to_token = torch.zeros(len(LENGTHS), 256, dtype=torch.int32)
+        self.lengths = [0] * len(LENGTHS)
+
+    def extend(self, rid: int, count: int) -> torch.Tensor:
+        """Token slots for `count` more tokens of `rid` (a new page where a token starts one)."""
+        for _ in range(count):
+            position = self.lengths[rid]
+            if position % BLOCK == 0:
+                page = self.free.pop()
+            else:
+                page = int(self.req_to_token[rid, position - 1]) // BLOCK
+            self.req_to_token[rid, position] = page * BLOCK + position % BLOCK
+            self.lengths[rid] += 1
+        return self.req_to_token[rid, self.lengths[rid] - count: self.lengths[rid]].long()
+
+    def borrowed(self, layers) -> BorrowedHostStore:
+        heads, dim = SHAPE.num_kv_heads, SHAPE.head_dim
+        return BorrowedHostStore({l: self.k[l].view(-1, heads, BLOCK, dim) for l in layers},
+                                 {l: self.v[l].view(-1, heads, BLOCK, dim) for l in layers})
+
+
+def make_engine(mode: str, host_store=None) -> CoAttentionEngine:
+    config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_blocks=2, dense_layers=(0,))
+    return CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=len(LENGTHS),
+                             max_tokens_per_request=256, total_pages=POOL_PAGES, host_store=host_store)
+
+
+def run_on_pool(driver: Driver, engine: CoAttentionEngine, pool: ArrivalPool) -> torch.Tensor:
+    """Driver.run with the prompts arriving in the pool and admitted from it, as the backend does."""
+    rids = list(range(len(LENGTHS)))
+    for b in rids:
+        slots = pool.extend(b, LENGTHS[b])
+        for layer in range(SHAPE.num_layers):  # the transfer lands the prompt in the pool, token-major
+            pool.k[layer][slots], pool.v[layer][slots] = driver.prompts[(b, layer)]
+        engine.add_request(b)
+        engine.assign_host_pages(b, 0, block_pages(slots, BLOCK, b))
+        for layer in range(SHAPE.num_layers):
+            engine.prefill(b, layer, pool.k[layer][slots], pool.v[layer][slots])
+    outputs = []
+    for s in range(STEPS):
+        for b in rids:
+            pool.extend(b, 1)
+        for rid, block, page in completed_block_pages(pool.req_to_token, engine, rids):
+            engine.assign_host_pages(rid, block, [page])
+        engine.begin_step(rids)
+        per_layer = []
+        for layer in range(SHAPE.num_layers):
+            if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
+                engine.predict(layer + 1, driver.predicted[s, layer + 1])
+            per_layer.append(engine.attend(layer, driver.queries[s, layer], driver.new_k[s, layer],
+                                           driver.new_v[s, layer]).float())
+        engine.end_step()
+        outputs.append(torch.stack(per_layer))
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen"])
+def test_a_borrowed_store_decodes_exactly_as_an_own_store_and_holds_the_blocks_in_its_layout(mode):
+    driver = Driver(SHAPE, LENGTHS, STEPS, seed=4)
+    owning = make_engine(mode)
+    expected = driver.run(owning)
+    pool = ArrivalPool()
+    engine = make_engine(mode, pool.borrowed(owning.offloaded_layers))
+    try:
+        actual = run_on_pool(driver, engine, pool)
+        torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-6)
+
+        # every full block, prompt or decoded, is in its own pool page, head-major
+        heads, dim = SHAPE.num_kv_heads, SHAPE.head_dim
+        for b in range(len(LENGTHS)):
+            tokens = LENGTHS[b] + STEPS
+            pages = engine.offloaded.host_pages.table(b)
+            assert len(pages) == tokens // BLOCK
+            for layer in engine.offloaded_layers:
+                k, _ = driver.kv(b, layer, STEPS - 1)
+                stored = pool.k[layer].view(-1, heads, BLOCK, dim)[pages]
+                assert torch.equal(stored, k[: len(pages) * BLOCK].view(-1, BLOCK, heads, dim).transpose(1, 2))
+
+        memory = engine.memory()
+        assert memory["host_bytes_allocated"] == 0 and owning.memory()["host_bytes_allocated"] > 0
+        assert memory["host_bytes_used"] == owning.memory()["host_bytes_used"] > 0
+    finally:
+        engine.close()
+    for b in range(len(LENGTHS)):
+        engine.release_request(b)
+    assert engine.usage()["host_pages"] == 0
+
+
+def host_kv_bytes(*tensor_groups) -> int:
+    """Bytes of the distinct allocations under the tensors (a view of a buffer counts once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for group in tensor_groups for t in group}
+    return sum(storages.values())
+
+
+def test_the_arrival_pool_is_the_one_host_copy():
+    pool = ArrivalPool()
+    borrowing = make_engine("scout", pool.borrowed(range(1, SHAPE.num_layers)))
+    owning = make_engine("scout")
+    try:
+        pool_tensors = [*pool.k.values(), *pool.v.values()]
+        token_bytes = SHAPE.num_layers * 2 * SHAPE.num_kv_heads * SHAPE.head_dim * 4
+        capacity = POOL_PAGES * BLOCK
+        one = host_kv_bytes(pool_tensors, borrowing.offloaded.host_k.values(), borrowing.offloaded.host_v.values())
+        two = host_kv_bytes(pool_tensors, owning.offloaded.host_k.values(), owning.offloaded.host_v.values())
+        assert one <= 1.05 * capacity * token_bytes
+        assert two > 1.5 * capacity * token_bytes  # the same measure sees the engine's own store
+    finally:
+        borrowing.close()
+        owning.close()
+
+
+def test_a_block_without_a_page_and_a_misshapen_store_are_refused():
+    pool = ArrivalPool()
+    engine = make_engine("scout", pool.borrowed(range(1, SHAPE.num_layers)))
+    try:
+        engine.add_request(0)
+        k = torch.randn(2 * BLOCK, SHAPE.num_kv_heads, SHAPE.head_dim)
+        with pytest.raises(RuntimeError, match="needs 2 full blocks, 0 were assigned a page by the pool's owner"):
+            engine.prefill(0, 1, k, k)
+        with pytest.raises(ValueError, match="outside 1..63"):
+            engine.assign_host_pages(0, 0, [0])
+    finally:
+        engine.close()
+    bad = pool.borrowed(range(1, SHAPE.num_layers))
+    bad.k[2] = bad.k[2].transpose(1, 2)
+    with pytest.raises(ValueError, match="not contiguous"):
+        make_engine("scout", bad)
+
+
+def test_token_slots_that_are_not_whole_pages_are_refused():
+    slots = torch.arange(BLOCK, 3 * BLOCK)
+    assert block_pages(slots, BLOCK, 0) == [1, 2]
+    with pytest.raises(RuntimeError, match="not whole pages of 8 in order"):
+        block_pages(slots.flip(0), BLOCK, 0)

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 from oracle.driver import Driver
+from support import requires_cuda
 
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
@@ -168,3 +169,17 @@ def test_token_slots_that_are_not_whole_pages_are_refused():
     assert block_pages(slots, BLOCK, 0) == [1, 2]
     with pytest.raises(RuntimeError, match="not whole pages of 8 in order"):
         block_pages(slots.flip(0), BLOCK, 0)
+
+
+@requires_cuda
+def test_on_cuda_the_arrival_pool_is_page_locked_in_place_for_the_recall_copies():
+    from types import SimpleNamespace
+
+    from scout_sglang.sglang_adapter.arrival_pages import borrowed_host_store
+
+    pool = ArrivalPool()
+    fake = SimpleNamespace(head_num=SHAPE.num_kv_heads, head_dim=SHAPE.head_dim,
+                           get_key_buffer=pool.k.__getitem__, get_value_buffer=pool.v.__getitem__)
+    store = borrowed_host_store(fake, [1, 2], BLOCK, "cuda")
+    assert all(t.is_pinned() for t in (*store.k.values(), *store.v.values()))
+    assert store.k[1].data_ptr() == pool.k[1].data_ptr()  # in place, not a pinned copy

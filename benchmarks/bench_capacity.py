@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,24 @@ def token_capacity(server_info: dict) -> int:
     return 0
 
 
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_profile(log_text: str) -> dict:
+    """Where a server's decode time went, from its per-step decode log lines (--decode-log-interval 1): per number
+    of running requests, the steps and their median step time (a line's rate is its tokens over the time since the
+    previous decode line, so the median leaves out the lines whose interval held a prefill); and the decode time
+    these add up to, the rest of the run being prefill and the framework's time between requests."""
+    steps: dict[int, list[float]] = {}
+    for running, rate in DECODE_LINE.findall(log_text):
+        if float(rate) > 0:
+            steps.setdefault(int(running), []).append(1e3 * int(running) / float(rate))
+    by_batch = {batch: {"steps": len(times), "median_step_ms": round(statistics.median(times), 2)}
+                for batch, times in sorted(steps.items())}
+    seconds = sum(entry["steps"] * entry["median_step_ms"] for entry in by_batch.values()) / 1e3
+    return {"by_batch": by_batch, "decode_seconds": round(seconds, 3)}
+
+
 def peak_running(log_text: str) -> int:
     return max((int(n) for n in re.findall(r"Decode batch[^\n]*#running-req: (\d+)", log_text)), default=0)
 
@@ -122,6 +141,7 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
         "output_throughput": result["output_throughput"],
         "mean_e2e_latency_ms": result["mean_e2e_latency_ms"],
         "duration_s": result["duration"],
+        "decode": decode_profile(text),
     }
     if stats is not None:
         row["device_kv_bytes_allocated"] = stats["memory"]["device_bytes_allocated"]
@@ -149,7 +169,6 @@ def write_results(rows: list[dict], args, token_bytes: int) -> dict:
         "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "capacity.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [f"# Decode capacity at one device KV budget ({args.device})", "",
              f"Model: a random-weight Llama of {args.num_layers} layers (2 KV heads of 16 dims, {args.dtype}) unless "
              f"--model-path was given. Device K/V budget: {args.budget} token slots "
@@ -165,6 +184,26 @@ def write_results(rows: list[dict], args, token_bytes: int) -> dict:
                      f"{row.get('device_kv_bytes_allocated', 0) / 2**20:.2f} | {row['peak_running_requests']} | "
                      f"{row['request_throughput']:.3f} | {row['output_throughput']:.1f} | "
                      f"{row['mean_e2e_latency_ms'] / 1e3:.1f} |")
+    lines += ["", "Where the time went (from the servers' per-step decode log lines; the rest of each run is prefill "
+              "and the time between requests):", "",
+              "| server | duration s | decode s (steps x median step) | decode steps by running requests: count, "
+              "median step ms |", "|---|---|---|---|"]
+    for row in rows:
+        profile = row["decode"]
+        steps = "; ".join(f"{batch}: {entry['steps']} x {entry['median_step_ms']:.1f}"
+                          for batch, entry in profile["by_batch"].items())
+        lines.append(f"| {row['attention_backend']} | {row['duration_s']:.1f} | {profile['decode_seconds']:.1f} | "
+                     f"{steps} |")
+    stock_busiest = max(stock["decode"]["by_batch"].items(), key=lambda item: item[1]["steps"])
+    scout_busiest = max(scout["decode"]["by_batch"].items(), key=lambda item: item[1]["steps"] * item[0])
+    rate = {name: batch / entry["median_step_ms"] for name, (batch, entry) in
+            (("stock", stock_busiest), ("scout", scout_busiest))}
+    summary["decode_rate_ratio"] = round(rate["scout"] / rate["stock"], 3)
+    lines += ["", f"A decode step of scout's {scout_busiest[0]} requests took {scout_busiest[1]['median_step_ms']:.1f} ms, "
+              f"one of the stock server's {stock_busiest[0]} request{'s' if stock_busiest[0] > 1 else ''} "
+              f"{stock_busiest[1]['median_step_ms']:.1f} ms: while decoding, "
+              f"scout made {summary['decode_rate_ratio']}x the stock server's tokens per second."]
+    (RESULTS / "capacity.json").write_text(json.dumps(summary, indent=1) + "\n")
     parts = scout["device_kv_parts"]
     lines += ["", f"Scout's device K/V, by part ({args.scout_config} preset, dense layers {scout['dense_layers']}): "
               + ", ".join(f"{key.replace('_bytes_allocated', '').replace('_bytes', '').replace('_', ' ')} "

@@ -59,3 +59,14 @@ def test_scout_gets_the_largest_capacity_whose_device_part_fits_the_budget():
     # One of four layers dense: a logical token costs that layer's K/V (256 B) plus 3 layers' digests (48 B).
     assert 2 * 4096 < capacity["0"] < 4096 * 1024 // 304
     assert capacity[""] > 3 * capacity["0"]  # all offloaded: 64 B of digests per token
+
+
+def test_the_decode_profile_takes_the_median_step_per_batch_and_adds_them_up():
+    lines = ["[t] Decode batch, #running-req: 2, #token: 9, cpu graph: False, gen throughput (token/s): 0.50, #queue-req: 0",
+             *["[t] Decode batch, #running-req: 2, #token: 9, cpu graph: False, gen throughput (token/s): 20.00, "
+               "#queue-req: 0"] * 3,  # 100 ms a step; the first line's interval held a prefill (4 s)
+             "[t] Decode batch, #running-req: 1, #token: 9, cpu graph: False, gen throughput (token/s): 40.00, "
+             "#queue-req: 0"]
+    profile = bench.decode_profile("\n".join(lines))
+    assert profile["by_batch"] == {1: {"steps": 1, "median_step_ms": 25.0}, 2: {"steps": 4, "median_step_ms": 100.0}}
+    assert profile["decode_seconds"] == 0.425

@@ -103,3 +103,19 @@ def test_row_copies_skip_the_scratch_entries(skip):
     torch.testing.assert_close(dst[0], src[1])
     assert torch.count_nonzero(dst[[1, 3]]) == 0
     assert (torch.count_nonzero(dst[4]) == 0) == skip
+
+
+def test_the_native_cpu_row_copy_is_one_dispatched_op():
+    """Counters and host clocks see the native copy as the one launch it is on CUDA (not a hidden call)."""
+    from scout_sglang.core.op_counter import OpCounter
+    from scout_sglang.kernels.block_copy import _native_copy
+
+    if _native_copy() is None:
+        pytest.skip("native CPU kernel unavailable")
+    src, dst = torch.randn(6, 2, 3), torch.zeros(5, 2, 3)
+    src_rows, dst_rows = torch.tensor([4, 1]), torch.tensor([2, 4])
+    counter = OpCounter()
+    with counter:
+        kernels.copy_block_rows(src, src_rows, dst, dst_rows, skip_row=4)
+    assert dict(counter.ops) == {"scout.copy_rows_cpu.default": 1}
+    torch.testing.assert_close(dst[2], src[4])

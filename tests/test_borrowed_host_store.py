@@ -183,3 +183,19 @@ def test_on_cuda_the_arrival_pool_is_page_locked_in_place_for_the_recall_copies(
     store = borrowed_host_store(fake, [1, 2], BLOCK, "cuda")
     assert all(t.is_pinned() for t in (*store.k.values(), *store.v.values()))
     assert store.k[1].data_ptr() == pool.k[1].data_ptr()  # in place, not a pinned copy
+
+
+def test_the_start_up_plan_of_a_borrowing_engine_is_what_it_allocates():
+    from scout_sglang.sglang_adapter import memory_report
+
+    pool = ArrivalPool()
+    engine = make_engine("scout", pool.borrowed(range(1, SHAPE.num_layers)))
+    try:
+        plan = memory_report.planned_bytes(engine.config, num_layers=SHAPE.num_layers,
+                                           num_kv_heads=SHAPE.num_kv_heads, head_dim=SHAPE.head_dim, itemsize=4,
+                                           total_pages=POOL_PAGES, slots=len(LENGTHS), borrowed_host=True)
+        memory = engine.memory()
+        assert plan["host_bytes_allocated"] == memory["host_bytes_allocated"] == 0
+        assert plan["device_bytes_allocated"] == memory["device_bytes_allocated"]
+    finally:
+        engine.close()

@@ -10,12 +10,15 @@ none, and the store works the same, only slower.
 
 `alloc_host_tensor` maps the memory itself (anonymous mmap, 2 MiB aligned,
 madvised before first touch) and wraps it in a tensor that keeps the mapping
-alive; `thp_state` reports the system setting for the start-up log and the
-benchmark.
+alive; `zeros_on_huge_pages` makes someone else's constructor (SGLang's host
+KV pool, which the engine borrows as its store on a PD decode instance) get its
+large buffers that way; `thp_state` reports the system setting for the start-up
+log and the benchmark.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import re
@@ -104,3 +107,31 @@ def alloc_store_tensor(shape, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
         _logged_kinds.add(key)
         logger.info("host K/V store pages: %s (transparent huge pages: %s)", kind, key[0])
     return tensor
+
+
+@contextlib.contextmanager
+def zeros_on_huge_pages(what: str):
+    """Within the block, torch.zeros(size, dtype=..., device="cpu") of at least a huge page comes from
+    alloc_host_tensor (zeroed, madvised before first touch); any other call is torch's own. For a constructor
+    that allocates its buffers with torch.zeros and no other options. Logs the page kind `what` got, once per
+    (THP mode, kind)."""
+    original, kinds = torch.zeros, set()
+
+    def zeros(*size, dtype=None, device=None, **options):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        if options or torch.device(device or "cpu").type != "cpu" or not all(isinstance(n, int) for n in shape):
+            return original(*size, dtype=dtype, device=device, **options)
+        tensor, kind = alloc_host_tensor(shape, dtype or torch.get_default_dtype())
+        kinds.add(kind)
+        return tensor
+
+    torch.zeros = zeros
+    try:
+        yield
+    finally:
+        torch.zeros = original
+    for kind in sorted(kinds):
+        key = (thp_state(), f"{what}: {kind}")
+        if key not in _logged_kinds:
+            _logged_kinds.add(key)
+            logger.info("%s pages: %s (transparent huge pages: %s)", what, kind, key[0])

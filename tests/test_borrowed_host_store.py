@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from oracle.driver import Driver
-from support import requires_cuda
+from support import requires_cuda, requires_sglang
 
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
@@ -199,3 +199,29 @@ def test_the_start_up_plan_of_a_borrowing_engine_is_what_it_allocates():
         assert plan["device_bytes_allocated"] == memory["device_bytes_allocated"]
     finally:
         engine.close()
+
+
+@requires_sglang
+def test_the_arrival_pool_sglang_builds_is_on_huge_pages_where_the_system_allows():
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from scout_sglang.cpu_worker.host_memory import HUGE_PAGE_BYTES, anon_huge_kib, thp_state
+    from scout_sglang.sglang_adapter.kv_pool import host_pool_like
+
+    template = MHATokenToKVPool(size=64, page_size=16, dtype=torch.float32, head_num=2, head_dim=16, layer_num=2,
+                                device="cpu", enable_memory_saver=False, v_head_dim=16, start_layer=0, end_layer=1,
+                                enable_alt_stream=False)
+    zeros = torch.zeros
+    pool = host_pool_like(template, 16384)  # 2 MiB of K and V per layer
+    buffers = [*pool.k_buffer, *pool.v_buffer]
+    assert all(torch.count_nonzero(b) == 0 for b in buffers) and pool.k_buffer[0].shape == (16384 + 16, 2, 16)
+    assert torch.zeros is zeros  # torch's own again after the build
+    if thp_state() not in ("always", "madvise"):
+        pytest.skip(f"transparent huge pages are {thp_state()} here")
+    storage = pool.k_buffer[0].untyped_storage()
+    assert storage.data_ptr() % HUGE_PAGE_BYTES == 0  # a mapping of its own, aligned for huge pages
+    pool.k_buffer[0].fill_(1.0)  # first touch faults the pages in
+    huge = anon_huge_kib([(storage.data_ptr(), storage.nbytes())])
+    if huge is None:
+        pytest.skip("/proc/self/smaps is not readable")
+    assert huge >= HUGE_PAGE_BYTES // 1024

@@ -244,11 +244,16 @@ def arrival_text(layout: str, shared: bool) -> str:
 
 
 def host_pool_like(pool, size: int):
-    """An MHA pool of `size` tokens in host memory, shaped like `pool` (transfer engines register its buffers)."""
-    return type(pool)(size=size, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.head_num,
-                      head_dim=pool.head_dim, layer_num=pool.layer_num, device="cpu", enable_memory_saver=False,
-                      v_head_dim=pool.v_head_dim, start_layer=pool.start_layer, end_layer=pool.end_layer,
-                      enable_alt_stream=False)
+    """An MHA pool of `size` tokens in host memory, shaped like `pool` (transfer engines register its buffers).
+    Its buffers are on transparent huge pages where the OS allows, as the engine's own host store is: with
+    pages of one block the engine reads its blocks there (arrival_pages.py)."""
+    from scout_sglang.cpu_worker.host_memory import zeros_on_huge_pages
+
+    with zeros_on_huge_pages("arrival pool"):
+        return type(pool)(size=size, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.head_num,
+                          head_dim=pool.head_dim, layer_num=pool.layer_num, device="cpu", enable_memory_saver=False,
+                          v_head_dim=pool.v_head_dim, start_layer=pool.start_layer, end_layer=pool.end_layer,
+                          enable_alt_stream=False)
 
 
 def allocator_over(size: int, page_size: int, dtype, device, pool, need_sort: bool):

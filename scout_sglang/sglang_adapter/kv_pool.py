@@ -249,6 +249,8 @@ def host_pool_like(pool, size: int):
     pages of one block the engine reads its blocks there (arrival_pages.py)."""
     from scout_sglang.cpu_worker.host_memory import zeros_on_huge_pages
 
+    # SGLang's constructor allocates the buffers with torch.zeros and derives its copy kernels' pointers from them,
+    # so they are given huge pages as they are made: replaced afterwards, those pointers would be stale.
     with zeros_on_huge_pages("arrival pool"):
         return type(pool)(size=size, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.head_num,
                           head_dim=pool.head_dim, layer_num=pool.layer_num, device="cpu", enable_memory_saver=False,

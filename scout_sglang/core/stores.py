@@ -34,11 +34,11 @@ arrived in into the engine's head-major one in place.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from scout_sglang import kernels
-from dataclasses import dataclass
-
 from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry

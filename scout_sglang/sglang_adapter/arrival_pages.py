@@ -77,8 +77,8 @@ def completed_block_pages(req_to_token: torch.Tensor, engine, rids: list[int]) -
     engine holds them: SGLang allocated the page when the block's first token was decoded. One gather of
     req_to_token for the batch (on a GPU one device read, at planning, in the steps where a block completes)."""
     size = engine.block_size
-    completing = [(rid, (engine.requests[rid].num_tokens + 1) // size - 1) for rid in rids
-                  if (engine.requests[rid].num_tokens + 1) % size == 0]
+    after = [(rid, engine.requests[rid].num_tokens + 1) for rid in rids]  # tokens once the step's is in
+    completing = [(rid, tokens // size - 1) for rid, tokens in after if tokens % size == 0]
     if not completing:
         return []
     rows = torch.tensor([rid for rid, _ in completing], device=req_to_token.device)

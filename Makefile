@@ -44,7 +44,7 @@ soak: $(STAMP)
 	$(PY) -P benchmarks/soak.py --faults 0.05
 
 # The planner (python -m scout_sglang.plan) against real CPU servers: capacity exact,
-# step time within 30% (benchmarks/results/plan_validation.md; about 10 minutes).
+# step time within 30% with one CPU core as the device (benchmarks/results/plan_validation.md; about 8 minutes).
 validate-plan: $(STAMP)
 	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
 	$(PY) -P benchmarks/validate_plan.py

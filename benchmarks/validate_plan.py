@@ -8,11 +8,12 @@ op (in decode steps of the served preset) for the per-launch and per-sync
 costs, the measured K/V rates of the stock and the engine's device attention
 kernels for their device K/V, and a measured fp32 matmul rate for the peak FLOP
 rate (engine_rates.py measures the engine's figures). The stock backend's per-request attention loop is counted
-on SGLang's own code. The serving framework's per-step host cost is the one
-figure with no count behind it: it is measured on the stock server at a short
-context (runs that are not validated). Nothing of the model is tuned here: the
-predictions are `capacity.server_batch()` and `step_model.step_time()` as they
-are.
+on SGLang's own code. Two figures have no count behind them: the serving
+framework's per-step host cost, measured on the stock server at a short context,
+and the plugin's per-step host cost beyond its counted ops, measured the same
+way on the scout server (runs that are not validated). Nothing of the model is
+tuned here: the predictions are `capacity.server_batch()` and
+`step_model.step_time()` as they are.
 
 1. Capacity. Three scout servers (tiny preset), each started with one setting
    changed from the first (the token budget, --max-total-tokens,
@@ -22,20 +23,31 @@ are.
    equal `server_batch()`, and the device bytes the server reports must equal
    the planner's.
 2. Step time. One scout and one stock (torch_native) server, both up at once,
-   decode up to three batch / context settings (after a warm-up; the stock
-   server also decodes the two short calibration runs), the two servers' runs
-   interleaved, setting after setting, in three rounds; the
+   decode up to three batch / context settings (after a warm-up), the two servers' runs
+   interleaved, setting after setting, in three rounds (both also decode the
+   two short calibration runs: the stock server's measure the framework's
+   per-step host cost, the scout server's the plugin's beyond its counted ops); the
    measured decode tokens/s is the median of the per-step "gen throughput" log
    lines at the full batch (prefill excluded), in the setting's fastest round,
    beside bench_serving's output tokens/s (prefill included). The prediction is
    B / step of the step model at context input + output / 2.
 
-The host's speed drifts by tens of percent over minutes (other work on a shared
-machine): one measurement of a figure at a slow moment set against a step at a
-fast one misses by that much. So every step-time figure and every measured step
-is the best of three, and the servers' runs and the engine's per-op cost are
-taken in turn: all of them estimate the host at its best, and a slow spell
-falls on both servers alike.
+The "device" is one core: both step-time servers run torch on one intra-op
+thread (`OMP_NUM_THREADS`, `--device-threads`), and every device figure is
+measured on one thread too. The host's other core runs what a GPU box runs on
+its host: SGLang's tokenizer and detokenizer processes, the CPU worker and the
+client. With two intra-op threads a server shares its cores with all of those,
+and each parallel op waits for a preempted thread: whole runs then decoded at
+about half speed (281-372 against 516-625 tokens/s in eight runs of one stock
+server), more than the tolerance. On one thread, sixteen runs of two such
+servers spread 491-639.
+
+The host's speed also drifts by tens of percent over minutes (other work on a
+shared machine): one measurement of a figure at a slow moment set against a
+step at a fast one misses by that much. So every step-time figure and every
+measured step is the best of three, and the servers' runs and the engine's
+per-op cost are taken in turn: all of them estimate the host at its best, and a
+slow spell falls on both servers alike.
 
 Writes benchmarks/results/plan_validation.{json,md}:
 
@@ -83,22 +95,25 @@ def measure_matmul_tflops(*, size: int = 512, rounds: int = 20) -> float:
     return 2 * size**3 * rounds / (time.perf_counter() - start) / 1e12
 
 
-def cpu_figures(spec, config) -> dict:
+def cpu_figures(spec, config, *, device_threads: int) -> dict:
     """The step model's Hardware figures with the CPU as the device, each with where it came from; the serving
-    framework's per-step host cost is added by `framework_figures` once the stock server has been measured.
-    `config` is the preset the scout servers run (the engine's own figures are measured on it)."""
+    framework's and the plugin's per-step host costs are added by `calibrated_figures` once the servers have
+    been measured.
+    `config` is the preset the scout servers run (the engine's own figures are measured on it); the device
+    figures are measured on `device_threads` threads, the servers' intra-op threads (this process runs torch on
+    as many: main() sets it)."""
     from engine_rates import engine_attention_gbs
     from scout_sglang.plan import measure
     from scout_sglang.sglang_adapter.adapter_ops import adapter_decode_counts
     from scout_sglang.sglang_adapter.stock_attention_ops import measure_stock_attention_gbs, stock_decode_counts
 
     log("measuring this host: read bandwidth, CPU attention, the engine's dispatch, matmul, stock attention ops")
-    read = measure.measure_read_bandwidth()
+    read = measure.measure_read_bandwidth(num_threads=device_threads)
     attention = measure.measure_cpu_attention()
     # Each figure is the host's best of ROUNDS, as each measured step is (the host's speed drifts by tens of
     # percent over minutes: a figure measured once at a slow moment would be set against steps at a fast one)
     dispatch = min((engine_dispatch_us(config, spec) for _ in range(ROUNDS)), key=lambda d: d["value"])
-    dispatch["how"] += f", best of {ROUNDS}"
+    dispatch["how"] += f", best of {ROUNDS}, {device_threads} torch thread(s)"
     engine_rate = max((engine_attention_gbs(spec, block_size=config.block_size) for _ in range(ROUNDS)),
                       key=lambda r: r["value"])
     engine_rate["how"] += f", best of {ROUNDS}"
@@ -115,8 +130,8 @@ def cpu_figures(spec, config) -> dict:
         "hbm_gbs": [read.value, f"measured: {read.source}"],
         "pcie_gbs": [read.value, "the host read bandwidth: a recall is a copy within the same memory"],
         "cpu_attention_gbs": [attention.value, f"measured: {attention.source}"],
-        "bf16_tflops": [round(tflops, 4), f"measured: fp32 512 x 512 matmul on this CPU (the servers run fp32), "
-                        f"best of {ROUNDS}"],
+        "bf16_tflops": [round(tflops, 4), f"measured: fp32 512 x 512 matmul on {device_threads} thread(s) of this "
+                        f"CPU (the servers run fp32), best of {ROUNDS}"],
         "launch_us": [dispatch["value"], dispatch["how"]],
         "sync_us": [dispatch["value"], "as launch_us (a host read on the CPU waits on no queue)"],
         "model_launches_per_layer": [0.0, "the model's own ops are inside the per-step host cost below"],
@@ -127,8 +142,8 @@ def cpu_figures(spec, config) -> dict:
         "stock_syncs_per_request": [stock.scalar_reads_per_request, stock_how],
         "device_attention_gbs": [round(max(stock_rates), 2), "measured: SGLang's torch_native decode loop on this "
                                  "model's shapes, batch 4, K/V of 2048 over 256 tokens a request, median of 20 "
-                                 "calls, best of 3 runs"],
-        "engine_attention_gbs": [engine_rate["value"], engine_rate["how"]],
+                                 f"calls, best of 3 runs, {device_threads} torch thread(s)"],
+        "engine_attention_gbs": [engine_rate["value"], engine_rate["how"] + f", {device_threads} torch thread(s)"],
         "adapter_launches_per_layer": [float(adapter.wrapper_ops), adapter_how.format("decode wrapper per layer")],
         "adapter_launches_per_predicted_layer": [float(adapter.prediction_ops), adapter_how.format(
             "layer-ahead query prediction per layer that takes one")],
@@ -141,26 +156,28 @@ def hardware_of(figures: dict):
     return Hardware(**{key: value for key, (value, _) in figures.items()})
 
 
-def framework_figures(figures: dict, calibration: list[dict], spec, config) -> dict:
-    """The serving framework's host work per step (scheduler, batch metadata, sampling, the model's own ops):
-    the stock server's measured step at a short context minus what the step model gives that step without
-    it, at two batch sizes, as `fixed + per request x B`. Measured on runs that are not validated."""
-    from scout_sglang.plan.capacity import STOCK
+def calibrated_figures(figures: dict, calibration: list[dict], spec, config, *, mode: str, keys: tuple[str, str],
+                       server: str, output_len: int) -> dict:
+    """A host cost per step that nothing counts, as `fixed + per request x B`: a server's measured step at a short
+    context minus what the step model gives that step without it, at two batch sizes. Measured on runs that are
+    not validated. The stock server's is the serving framework's own (scheduler, batch metadata, sampling, the
+    model's ops); the scout server's, on top of it, is the plugin's beyond its counted ops."""
     from scout_sglang.plan.step_model import Workload, step_time
 
     hardware = hardware_of(figures)
     points = []
     for run in calibration:
         batch, context = run["batch_size"], run["model_context"]
-        modelled = step_time(STOCK, config, spec, hardware, Workload(batch_size=batch, context=context, itemsize=4))
+        modelled = step_time(mode, config, spec, hardware, Workload(batch_size=batch, context=context, itemsize=4,
+                                                                    output_len=output_len))
         points.append((batch, run["measured_step_ms"] - modelled.step_ms))
     (b0, rest0), (b1, rest1) = sorted(points)
     per_request = (rest1 - rest0) / (b1 - b0)
     fixed = rest0 - per_request * b0
-    how = ("measured: the stock server's decode step at " + ", ".join(
+    how = (f"measured: the {server} server's decode step at " + ", ".join(
         f"B={r['batch_size']} ({r['measured_step_ms']:.2f} ms)" for r in calibration)
         + f", context {calibration[0]['model_context']}, less the modelled step; not a validated setting")
-    return {**figures, "step_host_ms": [round(fixed, 3), how], "step_host_ms_per_request": [round(per_request, 3), how]}
+    return {**figures, keys[0]: [round(fixed, 3), how], keys[1]: [round(per_request, 3), how]}
 
 
 def server_args(kind: str, *, max_total_tokens: int, max_running: int, context_length: int) -> list[str]:
@@ -291,8 +308,9 @@ def fastest_rounds(runs: list[dict], num_settings: int) -> list[dict]:
 
 
 def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> tuple[list[dict], dict, list]:
-    """Runs the stock server (its first two benches calibrate the framework's per-step host cost) and the scout
-    server, then predicts every validated setting; returns the rows, the final figures and the calibration."""
+    """Runs the stock and the scout server (the first two benches of each round calibrate the framework's and the
+    plugin's per-step host costs), then predicts every validated setting; returns the rows, the final figures and
+    the calibration runs of each server."""
     from scout_sglang.env import config_from_env
     from scout_sglang.plan.capacity import STOCK
     from scout_sglang.plan.step_model import Workload, step_time
@@ -303,8 +321,9 @@ def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> 
     bench = lambda batch, input_len: dict(num_prompts=batch, input_len=input_len, output_len=output_len)  # noqa: E731
     total = max(b * (i + output_len) for b, i in settings) * 2
     running = max(b for b, _ in settings + calibration_settings)
-    env = STEP_ENV
-    config = config_from_env(env)
+    device_env = {"OMP_NUM_THREADS": str(args.device_threads)}  # the servers' "device": this many intra-op threads
+    env = {**STEP_ENV, **device_env}
+    config = config_from_env(STEP_ENV)
     warmup = bench(running, args.calibration_input_len)  # a server's first requests run slower: not measured
     context_length = max(i for _, i in settings + calibration_settings) + output_len + 64
     runs, dispatch = {"stock": [], "scout": []}, []
@@ -312,7 +331,7 @@ def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> 
         # Both servers up at once (an idle one sleeps), their benches interleaved, round after round: a slow
         # spell of the host falls on both servers and on the calibration alike
         servers = {kind: stack.enter_context(served(
-            kind, model_path, workdir, name=f"step-{kind}", env=env if kind == "scout" else {},
+            kind, model_path, workdir, name=f"step-{kind}", env=env if kind == "scout" else device_env,
             max_total_tokens=total, max_running=running, context_length=context_length))
             for kind in ("stock", "scout")}
         for server in servers.values():
@@ -320,27 +339,32 @@ def validate_step(model_path: str, spec, figures: dict, workdir: Path, args) -> 
         for round_index in range(args.rounds):
             log(f"step round {round_index + 1} of {args.rounds}")
             for b, i in calibration_settings:
-                runs["stock"].append(bench_on(servers["stock"], model_path, workdir, bench(b, i), args.timeout))
+                for kind, server in servers.items():
+                    runs[kind].append(bench_on(server, model_path, workdir, bench(b, i), args.timeout))
             for b, i in settings:
                 for kind, server in servers.items():
                     runs[kind].append(bench_on(server, model_path, workdir, bench(b, i), args.timeout))
             dispatch.append(engine_dispatch_us(config, spec))  # the engine's per-op cost, beside the rounds
-    measured = {kind: fastest_rounds(measured_runs(kind_runs, output_len),
-                                     len(settings) + (len(calibration_settings) if kind == "stock" else 0))
+    measured = {kind: fastest_rounds(measured_runs(kind_runs, output_len), len(settings) + len(calibration_settings))
                 for kind, kind_runs in runs.items()}
     best = min(dispatch, key=lambda d: d["value"])
     if best["value"] < figures["launch_us"][0]:
         figures = {**figures, "launch_us": [best["value"], best["how"]],
                    "sync_us": [best["value"], figures["sync_us"][1]]}
     figures["launch_us"][1] += f" (the best of {ROUNDS} before the servers and {len(dispatch)} between their rounds)"
-    calibration = measured["stock"][: len(calibration_settings)]
-    figures = framework_figures(figures, calibration, spec, config)
-    for key in ("step_host_ms", "step_host_ms_per_request"):
+    calibration = {kind: measured[kind][: len(calibration_settings)] for kind in measured}
+    # first the framework's cost (the stock server), then the plugin's on top of it (the scout server)
+    figures = calibrated_figures(figures, calibration["stock"], spec, config, mode=STOCK, server="stock",
+                                 keys=("step_host_ms", "step_host_ms_per_request"), output_len=output_len)
+    figures = calibrated_figures(figures, calibration["scout"], spec, config, mode="scout", server="scout",
+                                 keys=("engine_step_host_ms", "engine_step_host_ms_per_request"),
+                                 output_len=output_len)
+    for key in ("step_host_ms", "step_host_ms_per_request", "engine_step_host_ms", "engine_step_host_ms_per_request"):
         log(f"  {key} = {figures[key][0]} ({figures[key][1]})")
     hardware = hardware_of(figures)
     rows = []
     for kind, mode in (("scout", "scout"), ("stock", STOCK)):
-        runs = measured[kind][len(calibration_settings):] if kind == "stock" else measured[kind]
+        runs = measured[kind][len(calibration_settings):]
         for run in runs:
             work = Workload(batch_size=run["batch_size"], context=run["model_context"], itemsize=4,
                             output_len=output_len)
@@ -370,7 +394,9 @@ def write_results(summary: dict) -> None:
              f"{spec['num_kv_heads']} KV heads of {spec['head_dim']} dims, hidden {spec['hidden_size']}, vocab "
              f"{spec['vocab_size']}, float32), served on this CPU by `sglang.launch_server` (scout: the tiny preset); "
              "requests from `python -m sglang.bench_serving` (random-ids, all at once). Host: "
-             f"{summary['host']['cpus']} CPUs. Run time {summary['run_seconds'] / 60:.1f} min.", "",
+             f"{summary['host']['cpus']} CPUs; the step-time servers' device: "
+             f"{summary['host'].get('device_threads', 'all')} intra-op thread(s) (`OMP_NUM_THREADS`), the device "
+             f"figures measured on as many. Run time {summary['run_seconds'] / 60:.1f} min.", "",
              "## 1. Capacity: `server_batch()` against the server (must be exact)", "",
              "| setting | token budget | --max-total-tokens | --max-running-requests | request tokens | prompts sent | "
              "predicted batch (limit) | server peak (log) | server max_batch_size | predicted device B | "
@@ -414,9 +440,11 @@ def write_results(summary: dict) -> None:
               "the same numbers. Capacity needs no device figures: `server_batch()` takes the server's settings.",
               "- The serving framework's per-step host cost (SGLang's scheduling, batch metadata, sampling and the "
               "model's own ops) has no count the model could price: it is measured on the stock server at a short "
-              "context, on runs that are not validated, and carried over to both servers. The stock rows therefore "
-              "check the model's scaling in batch and context from that point; the scout rows check what the model "
-              "adds for the engine (its counted ops at the measured per-op cost, its plan, its bytes).",
+              "context, on runs that are not validated, and carried over to both servers. The plugin's host work "
+              "beyond its counted ops (its batch bookkeeping, the forward hooks on the model's layers, its ops "
+              "running slower inside the server than where they were timed) is measured the same way on the scout "
+              "server, on top of the framework's. The rows therefore check the model's scaling in batch and context "
+              "from those short-context points: the K/V each mode reads, scout's CPU part, recall and plan.",
               "- The engine's ops, host reads and plan per step come from `benchmarks/results/host_overhead.json` "
               "(counted on this engine at its measured batches, at the measured number of KV heads nearest the "
               "model's), not from this run. The plugin's own ops around the engine (its decode wrapper, the "
@@ -431,14 +459,23 @@ def write_results(summary: dict) -> None:
     (RESULTS / "plan_validation.md").write_text("\n".join(lines) + "\n")
 
 
-def calibration_lines(calibration: list[dict], figures: dict) -> list[str]:
-    lines = ["", "## The framework's per-step host cost (measured, not validated)", "",
+def calibration_lines(calibration: dict, figures: dict) -> list[str]:
+    lines = ["", "## The per-step host costs nothing counts (measured, not validated)", "",
              "| server | B | input + output | measured step ms |", "|---|---:|---|---:|"]
-    for r in calibration:
-        lines.append(f"| torch_native | {r['batch_size']} | {r['input_len']} + {2 * (r['model_context'] - r['input_len'])} "
-                     f"| {r['measured_step_ms']:.2f} |")
+    if isinstance(calibration, list):  # results of a version that calibrated the stock server only
+        calibration = {"stock": calibration}
+    for kind, runs in calibration.items():
+        for r in runs:
+            lines.append(f"| {'torch_native' if kind == 'stock' else kind} | {r['batch_size']} | {r['input_len']} + "
+                         f"{2 * (r['model_context'] - r['input_len'])} | {r['measured_step_ms']:.2f} |")
     lines += ["", f"-> `step_host_ms` = {figures['step_host_ms'][0]} ms, `step_host_ms_per_request` = "
-              f"{figures['step_host_ms_per_request'][0]} ms (the measured steps less the modelled stock step)."]
+              f"{figures['step_host_ms_per_request'][0]} ms (the stock server's steps less the modelled stock step: "
+              "the serving framework's own work)."]
+    if "engine_step_host_ms" in figures:
+        lines += [f"-> `engine_step_host_ms` = {figures['engine_step_host_ms'][0]} ms, "
+                  f"`engine_step_host_ms_per_request` = {figures['engine_step_host_ms_per_request'][0]} ms (the scout "
+                  "server's steps less the modelled scout step, the framework's figures above included: the "
+                  "plugin's work beyond its counted ops)."]
     return lines
 
 
@@ -486,8 +523,15 @@ def main(argv=None) -> int:
     parser.add_argument("--step-settings", type=int, default=3, help="how many batch / context settings (1-3)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="rounds of the step-time settings per server; each setting's fastest round is kept")
+    parser.add_argument("--device-threads", type=int, default=1,
+                        help="torch intra-op threads of the step-time servers and of the device figures' measurements "
+                             "(the CPU \"device\"); the other cores run the framework's processes, the CPU worker and "
+                             "the client")
     parser.add_argument("--timeout", type=int, default=600)
     args = parser.parse_args(argv)
+    if not 1 <= args.device_threads <= len(os.sched_getaffinity(0)):
+        parser.error(f"--device-threads must be between 1 and the {len(os.sched_getaffinity(0))} usable CPUs, "
+                     f"got {args.device_threads}")
     # before sglang is imported: its rotary embedding (counted with the plugin's ops) is the CPU server's
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
     started = time.perf_counter()
@@ -501,7 +545,10 @@ def main(argv=None) -> int:
         spec = load_model(model_path)
         from scout_sglang.env import config_from_env
 
-        figures = cpu_figures(spec, config_from_env(STEP_ENV))
+        import torch
+
+        torch.set_num_threads(args.device_threads)  # the device figures are measured as the servers run
+        figures = cpu_figures(spec, config_from_env(STEP_ENV), device_threads=args.device_threads)
         cap = validate_capacity(model_path, spec, workdir, args)
         step, figures, calibration = validate_step(model_path, spec, figures, workdir, args)
         (RESULTS / "server-logs").mkdir(parents=True, exist_ok=True)
@@ -510,7 +557,7 @@ def main(argv=None) -> int:
     summary = {
         "model": {key: getattr(spec, key) for key in ("num_layers", "num_qo_heads", "num_kv_heads", "head_dim",
                                                        "hidden_size", "intermediate_size", "vocab_size")},
-        "host": {"cpus": len(os.sched_getaffinity(0))},
+        "host": {"cpus": len(os.sched_getaffinity(0)), "device_threads": args.device_threads},
         "hardware": figures, "calibration": calibration, "capacity": cap, "step": step,
         "verdict": verdict(cap, step),
         "run_seconds": round(time.perf_counter() - started, 1),

@@ -225,3 +225,17 @@ def test_the_plugins_own_launches_are_priced_per_layer_and_per_predicted_layer(t
     assert added == pytest.approx(2 * 15 * 10e-3)
     stock = [step_time("full", CONFIG, SPEC, hw, work).step_ms for hw in (cpu, plugin)]
     assert stock[0] == stock[1]
+
+
+def test_the_plugins_step_cost_prices_the_engines_modes_and_not_stock():
+    """The plugin's measured host work a step (fixed + per request) adds to every engine mode, never to stock."""
+    plugin = dataclasses.replace(HW, engine_step_host_ms=2.0, engine_step_host_ms_per_request=0.25)
+    for batch in (1, 4):
+        work = Workload(batch_size=batch, context=100, itemsize=2)
+        for mode in ("scout", "hgca", "quest"):
+            without = step_time(mode, CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+            with_plugin = step_time(mode, CONFIG, SPEC, plugin, work, host_overhead_path="/nonexistent")
+            assert with_plugin.step_ms == pytest.approx(without.step_ms + 2.0 + 0.25 * batch)
+            assert with_plugin.resource_ms["host"] == pytest.approx(without.resource_ms["host"] + 2.0 + 0.25 * batch)
+        assert step_time("full", CONFIG, SPEC, plugin, work).step_ms == pytest.approx(
+            step_time("full", CONFIG, SPEC, HW, work).step_ms)

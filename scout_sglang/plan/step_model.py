@@ -40,7 +40,9 @@ batch of B requests at context C (tokens), block size S, per layer:
   step = sum of layer times + the output projection (vocab x hidden weights)
        + the engine's once-a-step plan (measured with the launch counts)
        + the serving framework's host work a step: fixed + per request x B
-         (scheduling, sampling, the model's ops when they are not counted per layer).
+         (scheduling, sampling, the model's ops when they are not counted per layer)
+       + for the engine's modes, the plugin's host work a step beyond its counted
+         ops: fixed + per request x B (measured on a CPU server; 0 on a GPU box).
 
 tokens/s = B / step. The step is bound by the resource whose summed time is
 largest (HBM, compute, CPU, PCIe, host); GPU idle = 1 - device time / step.
@@ -96,6 +98,11 @@ class Hardware:
         The plugin's own launches around the engine: its decode wrapper in every layer of an engine mode, and
         the layer-ahead query prediction in each layer that takes one (scout and infinigen: the offloaded
         layers after the first), as sglang_adapter/adapter_ops.py counts them; 0: not priced.
+    engine_step_host_ms, engine_step_host_ms_per_request : float
+        The plugin's host work per decode step beyond its counted ops (every mode but stock): its batch
+        bookkeeping around the engine's plan, the forward hooks the prediction puts on the model's layers, its
+        ops running slower inside a server than where they were timed; a fixed part and a part per request.
+        Measured on a CPU server at a short context (0: not measured, as on a GPU box).
     engine_attention_gbs : float
         The same for the engine's own device attention kernel (every mode but stock: its dense layers and its
         device part); 0 means `device_attention_gbs`. On a GPU both run near the HBM bandwidth; on a CPU device
@@ -120,6 +127,8 @@ class Hardware:
     engine_attention_gbs: float = 0.0
     adapter_launches_per_layer: float = 0.0
     adapter_launches_per_predicted_layer: float = 0.0
+    engine_step_host_ms: float = 0.0
+    engine_step_host_ms_per_request: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -267,6 +276,8 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     t_launch_engine, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
     kv_rate = (0.0 if mode == STOCK else hw.engine_attention_gbs) or hw.device_attention_gbs or hw.hbm_gbs
     step_host = (hw.step_host_ms + hw.step_host_ms_per_request * batch + plan_ms) * 1e-3
+    if mode != STOCK:
+        step_host += (hw.engine_step_host_ms + hw.engine_step_host_ms_per_request * batch) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
     totals = dict(hbm=0.0, cpu=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
     ratio = 0.0

@@ -11,6 +11,12 @@ scout server then reports are checked against the budget. SGLang's own
 lengths, all requests at once) measures both; the peak number of requests
 decoded together comes from the servers' decode log lines.
 
+A third server measures the host's floor: the stock server decoding each batch
+size scout decoded at, on 32-token prompts where attention costs nothing, takes
+the model's and the framework's own step at that batch. From it the report
+derives the most that scout's output throughput could be on this host and
+workload if its engine cost nothing (`host_floor`); `--no-floor` skips it.
+
 Writes benchmarks/results/capacity.{json,md,png}:
 
     python -P benchmarks/bench_capacity.py                 # CPU default: 36 layers, budget 4096, 9 x (3900 + 128)-token requests
@@ -40,11 +46,17 @@ def log(message: str) -> None:
     print(f"[capacity] {message}", file=sys.stderr, flush=True)
 
 
+FLOOR_INPUT_LEN = 32  # the floor run's prompts: short enough that their attention costs nothing
+
+
 def server_args(kind: str, args) -> tuple[list[str], dict]:
     common = ["--dtype", args.dtype, "--max-running-requests", str(args.num_prompts), "--disable-radix-cache",
               "--context-length", str(args.input_len + args.output_len + 64), "--decode-log-interval", "1"]
     if kind == "stock":
         return ["--attention-backend", STOCK_BACKEND[args.device], "--max-total-tokens", str(args.budget), *common], {}
+    if kind == "floor":  # the stock server with room for the largest batch scout decoded, at short prompts
+        tokens = max(args.budget, max(args.floor_batches) * (FLOOR_INPUT_LEN + args.output_len + 64))
+        return ["--attention-backend", STOCK_BACKEND[args.device], "--max-total-tokens", str(tokens), *common], {}
     env = {"SCOUT_CONFIG": args.scout_config}  # the preset as shipped: its dense layers count against the budget
     return ["--attention-backend", "scout", "--max-total-tokens", str(args.logical_tokens), *common], env
 
@@ -155,7 +167,48 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
     return row
 
 
-def write_results(rows: list[dict], args, token_bytes: int) -> dict:
+def run_floor(model_path: str, args, workdir: Path, batches: list[int]) -> dict:
+    """One stock server decoding each of `batches` requests at once on FLOOR_INPUT_LEN-token prompts, in turn:
+    per batch size, the median step (the model's and the framework's own step at that batch)."""
+    from scout_sglang.server.launch import launched_server
+
+    args.floor_batches = batches
+    extra, env = server_args("floor", args)
+    log_path = workdir / "floor.log"
+    log(f"floor: starting the server ({' '.join(extra)}), batches {batches}")
+    steps = {}
+    with launched_server(model_path, *extra, env=env, log_path=log_path, device=args.device) as base:
+        for batch in batches:
+            offset = len(log_path.read_text())
+            workload = argparse.Namespace(**{**vars(args), "num_prompts": batch, "input_len": FLOOR_INPUT_LEN})
+            bench_serving(base, model_path, workload, workdir / f"floor-{batch}.jsonl")
+            entry = decode_profile(log_path.read_text()[offset:])["by_batch"].get(batch)
+            steps[batch] = entry["median_step_ms"] if entry else None
+            log(f"floor: {batch} requests of {FLOOR_INPUT_LEN} + {args.output_len}: {steps[batch]} ms a step")
+    return {"input_len": FLOOR_INPUT_LEN, "median_step_ms_by_batch": steps}
+
+
+def host_floor(stock: dict, scout: dict, floor: dict) -> dict:
+    """What this host allows scout at best. The floor server's step at each batch size is the model's and the
+    framework's own; a scout server whose engine cost nothing would still prefill what the stock server prefills
+    and decode as many steps at each batch size as scout did (the scheduler's choice, not the engine's), each at
+    the floor. Its run would take at least the stock run's time outside decoding plus those steps: the
+    output-throughput ratio cannot pass the stock run's duration over that."""
+    floor_ms = floor["median_step_ms_by_batch"]
+    scout_steps = scout["decode"]["by_batch"]
+    if any(floor_ms.get(batch) is None for batch in scout_steps):
+        return {}
+    stock_outside_decode = stock["duration_s"] - stock["decode"]["decode_seconds"]
+    floor_decode = sum(entry["steps"] * floor_ms[batch] for batch, entry in scout_steps.items()) / 1e3
+    best_duration = stock_outside_decode + floor_decode
+    return {"floor_step_ms_by_batch": {batch: floor_ms[batch] for batch in scout_steps},
+            "scout_step_ms_by_batch": {batch: entry["median_step_ms"] for batch, entry in scout_steps.items()},
+            "stock_seconds_outside_decode": round(stock_outside_decode, 2),
+            "floor_decode_seconds": round(floor_decode, 2), "best_scout_duration_s": round(best_duration, 2),
+            "output_throughput_ratio_ceiling": round(stock["duration_s"] / best_duration, 3)}
+
+
+def write_results(rows: list[dict], args, token_bytes: int, floor: dict | None = None) -> dict:
     stock, scout = rows
     summary = {
         "device": args.device, "num_layers": args.num_layers, "scout_config": args.scout_config,
@@ -203,6 +256,19 @@ def write_results(rows: list[dict], args, token_bytes: int) -> dict:
               f"one of the stock server's {stock_busiest[0]} request{'s' if stock_busiest[0] > 1 else ''} "
               f"{stock_busiest[1]['median_step_ms']:.1f} ms: while decoding, "
               f"scout made {summary['decode_rate_ratio']}x the stock server's tokens per second."]
+    if floor is not None:
+        summary["floor"] = floor
+        summary["host_floor"] = bound = host_floor(stock, scout, floor)
+        if bound:
+            steps = "; ".join(f"{batch}: {bound['floor_step_ms_by_batch'][batch]:.1f} against scout's "
+                              f"{bound['scout_step_ms_by_batch'][batch]:.1f}" for batch in bound["floor_step_ms_by_batch"])
+            lines += ["", f"The host's floor: the stock server decoding the same batch sizes on {FLOOR_INPUT_LEN}-token "
+                      f"prompts (no long-context attention), the model's and the framework's own step, in ms by "
+                      f"batch: {steps}. A scout engine that cost nothing would still prefill what the stock server "
+                      f"prefilled ({bound['stock_seconds_outside_decode']:.1f} s of its run was not decoding) and "
+                      f"decode scout's steps at the floor ({bound['floor_decode_seconds']:.1f} s): at least "
+                      f"{bound['best_scout_duration_s']:.1f} s, so scout's output tokens/s can be at most "
+                      f"**{bound['output_throughput_ratio_ceiling']}x** the stock server's on this host and workload."]
     (RESULTS / "capacity.json").write_text(json.dumps(summary, indent=1) + "\n")
     parts = scout["device_kv_parts"]
     lines += ["", f"Scout's device K/V, by part ({args.scout_config} preset, dense layers {scout['dense_layers']}): "
@@ -259,6 +325,9 @@ def main(argv=None) -> int:
     parser.add_argument("--num-prompts", type=int, default=9)
     parser.add_argument("--scout-config", default="tiny")
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the third run (the stock server at scout's peak batch on short prompts) that "
+                             "measures the host's floor")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -286,11 +355,14 @@ def main(argv=None) -> int:
             log(f"scout's logical capacity: {args.logical_tokens} tokens ({args.logical_tokens / args.budget:.1f}x "
                 f"the budget), the most whose device part fits {args.budget * token_bytes / 2**20:.1f} MiB")
         rows = [run_server(kind, model_path, args, workdir) for kind in ("stock", "scout")]
-        for row in rows:
+        floor = None
+        if args.floor:
+            floor = run_floor(model_path, args, workdir, sorted(rows[1]["decode"]["by_batch"]))
+        for row in rows + [floor] * (floor is not None):
             log(json.dumps(row))
-        summary = write_results(rows, args, token_bytes)
+        summary = write_results(rows, args, token_bytes, floor)
         (RESULTS / "server-logs").mkdir(parents=True, exist_ok=True)
-        for kind in ("stock", "scout"):
+        for kind in ("stock", "scout") + ("floor",) * (floor is not None):
             (RESULTS / "server-logs" / f"capacity-{kind}.log").write_text((workdir / f"{kind}.log").read_text())
     print(json.dumps({key: value for key, value in summary.items() if key != "rows"}))
     return 0

@@ -70,3 +70,27 @@ def test_the_decode_profile_takes_the_median_step_per_batch_and_adds_them_up():
     profile = bench.decode_profile("\n".join(lines))
     assert profile["by_batch"] == {1: {"steps": 1, "median_step_ms": 25.0}, 2: {"steps": 4, "median_step_ms": 100.0}}
     assert profile["decode_seconds"] == 0.425
+
+
+def test_the_floor_server_is_stock_with_room_for_the_largest_batch_at_short_prompts():
+    args = SimpleNamespace(dtype="float32", num_prompts=9, input_len=3900, output_len=128, device="cpu", budget=4096,
+                           logical_tokens=28304, scout_config="tiny", floor_batches=[1, 2, 7])
+    floor, env = bench.server_args("floor", args)
+    stock, _ = bench.server_args("stock", args)
+    assert floor[:3] == ["--attention-backend", "torch_native", "--max-total-tokens"] and env == {}
+    assert int(floor[3]) >= 7 * (bench.FLOOR_INPUT_LEN + 128)
+    assert floor[4:] == stock[4:]
+
+
+def test_the_host_floor_prices_scouts_steps_at_the_floor_after_the_stock_runs_prefill():
+    stock = {"duration_s": 50.0, "decode": {"decode_seconds": 35.0, "by_batch": {1: {"median_step_ms": 29.0}}}}
+    scout = {"duration_s": 55.0, "decode": {"decode_seconds": 36.0, "by_batch": {
+        1: {"steps": 10, "median_step_ms": 100.0}, 7: {"steps": 100, "median_step_ms": 135.0}}}}
+    floor = {"median_step_ms_by_batch": {1: 20.0, 7: 40.0}}
+    bound = bench.host_floor(stock, scout, floor)
+    # at best: the 15 s the stock run spent outside decoding + 10 steps of 20 ms + 100 steps of 40 ms = 19.2 s
+    assert bound["floor_decode_seconds"] == 4.2
+    assert bound["best_scout_duration_s"] == 19.2
+    assert bound["output_throughput_ratio_ceiling"] == round(50.0 / 19.2, 3)
+    assert bound["scout_step_ms_by_batch"] == {1: 100.0, 7: 135.0}
+    assert bench.host_floor(stock, scout, {"median_step_ms_by_batch": {1: 20.0, 7: None}}) == {}

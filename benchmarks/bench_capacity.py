@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scout-config", default="tiny")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--no-floor", dest="floor", action="store_false",
-                        help="skip the third run (the stock server at scout's peak batch on short prompts) that "
+                        help="skip the third server (the stock backend at scout's batch sizes on short prompts) that "
                              "measures the host's floor")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:

@@ -462,8 +462,6 @@ def write_results(summary: dict) -> None:
 def calibration_lines(calibration: dict, figures: dict) -> list[str]:
     lines = ["", "## The per-step host costs nothing counts (measured, not validated)", "",
              "| server | B | input + output | measured step ms |", "|---|---:|---|---:|"]
-    if isinstance(calibration, list):  # results of a version that calibrated the stock server only
-        calibration = {"stock": calibration}
     for kind, runs in calibration.items():
         for r in runs:
             lines.append(f"| {'torch_native' if kind == 'stock' else kind} | {r['batch_size']} | {r['input_len']} + "

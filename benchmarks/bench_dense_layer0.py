@@ -81,7 +81,7 @@ def measure_memory() -> dict:
         for p in pages:
             for s in slots:
                 engine = CoAttentionEngine(config, shape, dtype=torch.bfloat16, max_requests=s, total_pages=p,
-                                           cpu_pool=object(), track_changes=False)  # shape only: no CPU work
+                                           cpu_worker=False, track_changes=False)  # shape only: no CPU work
                 parts = memory_report.device_parts(engine)
                 parts["device_bytes_allocated"] = engine.memory()["device_bytes_allocated"]
                 measured[p, s] = parts

@@ -13,10 +13,8 @@ from scout_sglang.kernels.dispatch import select_impl
 from scout_sglang.kernels.merge import merge_attention_states, merge_attention_states_
 from scout_sglang.kernels.selection import score_blocks, select_topk
 from scout_sglang.kernels.sparse_decode import sparse_decode
-from scout_sglang.kernels.split import SplitResult, split_selection
 
 __all__ = [
-    "SplitResult",
     "build_digests",
     "copy_block_rows",
     "digest_blocks",
@@ -26,6 +24,5 @@ __all__ = [
     "select_impl",
     "select_topk",
     "sparse_decode",
-    "split_selection",
     "update_digests",
 ]

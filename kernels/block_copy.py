@@ -11,7 +11,6 @@ reads host KV the same way with its kernel I/O backend).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -63,13 +62,21 @@ def _copy_rows_cpu(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor,
 _SCOUT_OPS = torch.library.Library("scout", "FRAGMENT")
 _SCOUT_OPS.define("copy_rows_cpu(Tensor src, Tensor src_rows, Tensor(a!) dst, Tensor dst_rows, int skip_row) -> ()")
 _SCOUT_OPS.impl("copy_rows_cpu", _copy_rows_cpu, "CPU")
+# What torch.compile traces it with: it mutates dst and returns nothing.
+_SCOUT_OPS.impl("copy_rows_cpu", lambda src, src_rows, dst, dst_rows, skip_row: None, "Meta")
 
 
-@functools.cache
+_NATIVE_COPY: tuple | None = None  # (the native row copy or None), resolved once, on the first eager call
+
+
 def _native_copy():
     """The native CPU row copy (built with the CPU attention kernel), or None where it is unavailable; looked up
-    once per process (its build is too), not on every copy."""
-    from scout_sglang.cpu_worker.native_kernel import load_native
+    once per process (its build is too), not on every copy. A plain global, not functools.cache: torch.compile
+    then reads it instead of tracing into the build's lock."""
+    global _NATIVE_COPY
+    if _NATIVE_COPY is None:
+        from scout_sglang.cpu_worker.native_kernel import load_native
 
-    module = load_native().module
-    return getattr(module, "copy_rows", None)
+        module = load_native().module
+        _NATIVE_COPY = (getattr(module, "copy_rows", None),)
+    return _NATIVE_COPY[0]

@@ -20,9 +20,11 @@ def check_tensor(
     ndim: int | None = None,
     dtypes: Sequence[torch.dtype] | None = None,
     device: torch.device | None = None,
-    contiguous: bool = True,
+    contiguous: bool | str = True,
 ) -> torch.Tensor:
-    """Raise TypeError/ValueError unless `tensor` matches; return it."""
+    """Raise TypeError/ValueError unless `tensor` matches; return it.
+
+    contiguous: True (the whole tensor), "rows" (the last dimension only: check_rows) or False."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if ndim is not None and tensor.dim() != ndim:
@@ -32,9 +34,18 @@ def check_tensor(
         raise TypeError(f"{name} must have dtype in ({names}), got {tensor.dtype}")
     if device is not None and tensor.device != device:
         raise ValueError(f"{name} must be on {device}, got {tensor.device}")
-    if contiguous and not tensor.is_contiguous():
+    if contiguous == "rows":
+        check_rows(name, tensor)
+    elif contiguous and not tensor.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got strides {tensor.stride()})")
     return tensor
+
+
+def check_rows(name: str, tensor: torch.Tensor) -> None:
+    """Raise ValueError unless the last dimension is contiguous (stride 1): the fused stages index rows of
+    strided views (a step plan's columns, a buffer's first rows) with unit steps."""
+    if tensor.dim() and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (got strides {tensor.stride()})")
 
 
 def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int]) -> None:

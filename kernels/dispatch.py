@@ -23,9 +23,14 @@ CUDA_ORDER = {
     "digests": ("triton", "torch"),
     "score_blocks": ("triton", "torch"),
     "select_topk": ("torch",),  # stable torch.sort: a tuned device kernel already
-    "split_selection": ("torch",),  # a few fixed-shape elementwise ops
     "sparse_decode": ("flashinfer", "triton", "torch"),
     "merge": ("flashinfer", "triton", "torch"),
+    # The fused stages of the decode step (stage_*.py): one Triton launch each for the whole batch.
+    "select_blocks": ("triton", "torch"),
+    "split_lists": ("triton", "torch"),
+    "append_token": ("triton", "torch"),
+    "bring_in": ("triton", "torch"),
+    "cpu_part": ("triton", "torch"),
 }
 
 

@@ -9,9 +9,14 @@ the lower block index so that a selection is reproducible.
 from __future__ import annotations
 
 import torch
-
-from scout_sglang.kernels.checks import check_group_size, check_shape, check_tensor, check_values_in_range
+from scout_sglang.kernels.checks import (
+    check_group_size,
+    check_shape,
+    check_tensor,
+    check_values_in_range,
+)
 from scout_sglang.kernels.dispatch import select_impl
+
 from scout_sglang.layout import PAD_BLOCK
 
 GROUP_REDUCTIONS = ("max", "sum")
@@ -41,13 +46,29 @@ def score_blocks(
     block_table : [B, NBmax] int32; page id of each logical block of a request
     num_blocks : [B] int32; full blocks of each request (<= NBmax)
     out : optional [B, Hkv, NBmax] fp32
-    validate : check index ranges by reading values back (a host sync on a GPU; the
-        decode step passes False, its plan guarantees the ranges)
+    validate : check the arguments, index ranges included by reading values back (a host
+        sync on a GPU); the decode step passes False with static buffers checked once
 
     Returns
     -------
     scores : [B, Hkv, NBmax] fp32; -inf past num_blocks[b]
     """
+    if validate:
+        out = _check_score_args(q, digest_min, digest_max, block_table, num_blocks, group_reduce, out)
+    elif out is None:
+        raise ValueError("score_blocks(validate=False) needs out=")
+    device = q.device
+    if select_impl("score_blocks", device.type, impl) == "triton":
+        from scout_sglang.kernels.triton import score_blocks_triton
+
+        score_blocks_triton(q, digest_min, digest_max, block_table, num_blocks, out, group_reduce=group_reduce)
+        return out
+    out.copy_(_score_blocks_torch(q, digest_min, digest_max, block_table, num_blocks, group_reduce))
+    return out
+
+
+def _check_score_args(q, digest_min, digest_max, block_table, num_blocks, group_reduce, out):
+    """Every argument of score_blocks; returns `out` (allocated when None)."""
     if group_reduce not in GROUP_REDUCTIONS:
         raise ValueError(f"group_reduce must be one of {GROUP_REDUCTIONS}, got {group_reduce!r}")
     check_tensor("digest_min", digest_min, ndim=3)
@@ -60,28 +81,20 @@ def score_blocks(
     if digest_dim != head_dim:
         raise ValueError(f"q head_dim {head_dim} != digest head_dim {digest_dim}")
     check_group_size(num_qo_heads, num_kv_heads)
-    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
-    check_tensor("num_blocks", num_blocks, ndim=1, dtypes=(torch.int32,), device=device)
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device, contiguous="rows")
+    check_tensor("num_blocks", num_blocks, ndim=1, dtypes=(torch.int32,), device=device, contiguous=False)
     if block_table.shape[0] != batch_size or num_blocks.shape[0] != batch_size:
         raise ValueError(
             f"block_table [B, NBmax] and num_blocks [B] need B = {batch_size}, "
             f"got {tuple(block_table.shape)} and {tuple(num_blocks.shape)}"
         )
     max_blocks = block_table.shape[1]
-    if validate:  # reads values back: off in the decode step, whose plan guarantees the ranges
-        check_values_in_range("num_blocks", num_blocks, 0, max_blocks)
-        check_values_in_range("block_table", block_table, -1, digest_min.shape[0] - 1)
+    check_values_in_range("num_blocks", num_blocks, 0, max_blocks)
+    check_values_in_range("block_table", block_table, -1, digest_min.shape[0] - 1)
     if out is None:
-        out = torch.empty(batch_size, num_kv_heads, max_blocks, dtype=torch.float32, device=device)
-    else:
-        check_tensor("out", out, dtypes=(torch.float32,), device=device)
-        check_shape("out", out, (batch_size, num_kv_heads, max_blocks))
-    if select_impl("score_blocks", device.type, impl) == "triton":
-        from scout_sglang.kernels.triton import score_blocks_triton
-
-        score_blocks_triton(q, digest_min, digest_max, block_table, num_blocks, out, group_reduce=group_reduce)
-        return out
-    out.copy_(_score_blocks_torch(q, digest_min, digest_max, block_table, num_blocks, group_reduce))
+        return torch.empty(batch_size, num_kv_heads, max_blocks, dtype=torch.float32, device=device)
+    check_tensor("out", out, dtypes=(torch.float32,), device=device, contiguous="rows")
+    check_shape("out", out, (batch_size, num_kv_heads, max_blocks))
     return out
 
 

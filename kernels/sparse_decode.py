@@ -9,7 +9,6 @@ list may be partial (`last_block_len`), which is how the tail is attended.
 from __future__ import annotations
 
 import torch
-
 from scout_sglang.kernels.checks import (
     check_group_size,
     check_paged_cache,
@@ -33,6 +32,7 @@ def sparse_decode(
     out_lse: torch.Tensor | None = None,
     impl: str | None = None,
     validate: bool = True,
+    workspace: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the listed blocks of a paged KV cache.
 
@@ -46,14 +46,41 @@ def sparse_decode(
     last_block_len : optional [B, Hkv] int32 in [1, S]; tokens valid in the
         last counted block of each list (None: all blocks full)
     out : optional [B, Hq, D] dtype of q; out_lse : optional [B, Hq] fp32
-    validate : check index ranges by reading values back (a host sync on a GPU; the
-        decode step passes False, its plan guarantees the ranges)
+    validate : check the arguments, index ranges included by reading values back (a host
+        sync on a GPU); the decode step passes False, with out= and out_lse= given and its
+        static buffers checked once
+    workspace : optional flat fp32 buffer for the Triton path's split partials
+        (triton/decode.py workspace_size); None: allocated when needed
 
     Returns
     -------
     o : [B, Hq, D] dtype of q (zeros for an empty list)
     lse : [B, Hq] fp32 natural log (-inf for an empty list)
     """
+    if validate:
+        out, out_lse = _check_decode_args(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse)
+    elif out is None or out_lse is None:
+        raise ValueError("sparse_decode(validate=False) needs out= and out_lse=")
+    device = q.device
+    choice = select_impl("sparse_decode", device.type, impl)
+    if choice == "flashinfer":
+        from scout_sglang.kernels.flashinfer_ops import sparse_decode_flashinfer
+
+        sparse_decode_flashinfer(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale)
+    elif choice == "triton":
+        from scout_sglang.kernels.triton import sparse_decode_triton
+
+        sparse_decode_triton(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale,
+                             workspace=workspace)
+    else:
+        o, lse = sparse_decode_torch(q, k_cache, v_cache, block_table, counts, last_block_len, scale=scale)
+        out.copy_(o)
+        out_lse.copy_(lse)
+    return out, out_lse
+
+
+def _check_decode_args(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse):
+    """Every argument of sparse_decode; returns (out, out_lse), allocated where None."""
     check_paged_cache(k_cache, v_cache)
     device, dtype = k_cache.device, k_cache.dtype
     check_tensor("q", q, ndim=3, dtypes=(dtype,), device=device)
@@ -72,11 +99,9 @@ def sparse_decode(
     if last_block_len is not None:
         check_tensor("last_block_len", last_block_len, dtypes=(torch.int32,), device=device)
         check_shape("last_block_len", last_block_len, (batch_size, num_kv_heads))
-        if validate:
-            check_values_in_range("last_block_len", last_block_len, 1, k_cache.shape[2])
-    if validate:  # reads values back: off in the decode step, whose plan guarantees the ranges
-        check_values_in_range("counts", counts, 0, block_table.shape[2])
-        check_values_in_range("block_table", block_table, -1, k_cache.shape[0] - 1)
+        check_values_in_range("last_block_len", last_block_len, 1, k_cache.shape[2])
+    check_values_in_range("counts", counts, 0, block_table.shape[2])
+    check_values_in_range("block_table", block_table, -1, k_cache.shape[0] - 1)
     if out is None:
         out = torch.empty_like(q)
     if out_lse is None:
@@ -85,20 +110,6 @@ def sparse_decode(
     check_shape("out", out, q.shape)
     check_tensor("out_lse", out_lse, dtypes=(torch.float32,), device=device)
     check_shape("out_lse", out_lse, (batch_size, num_qo_heads))
-
-    choice = select_impl("sparse_decode", device.type, impl)
-    if choice == "flashinfer":
-        from scout_sglang.kernels.flashinfer_ops import sparse_decode_flashinfer
-
-        sparse_decode_flashinfer(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale)
-    elif choice == "triton":
-        from scout_sglang.kernels.triton import sparse_decode_triton
-
-        sparse_decode_triton(q, k_cache, v_cache, block_table, counts, last_block_len, out, out_lse, scale=scale)
-    else:
-        o, lse = sparse_decode_torch(q, k_cache, v_cache, block_table, counts, last_block_len, scale=scale)
-        out.copy_(o)
-        out_lse.copy_(lse)
     return out, out_lse
 
 

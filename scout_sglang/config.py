@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
 MODES = ("full", "quest", "infinigen", "hgca", "scout")
 RECALL_POLICIES = ("interval", "adaptive", "off")
 KERNEL_IMPLS = (None, "flashinfer", "triton", "torch")
@@ -35,7 +36,7 @@ class ScoutConfig:
     # default: offloading it cost accuracy and a same-layer CPU wait (configs/default.yaml says by how much).
     dense_layers: tuple[int, ...] = (0,)
     max_cpu_blocks: int | None = None  # CPU list capacity per (request, KV head); None: topk_blocks
-    max_recall_blocks: int | None = None  # (block, KV head) copies per layer and step, whole batch; None: no bound
+    max_recall_blocks: int | None = None  # blocks one (request, layer, KV head) row may recall per step; None: its buffer
     recall_policy: str = "adaptive"  # one of RECALL_POLICIES: adaptive (by recall_beta), interval (by steps), off
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
@@ -66,13 +67,14 @@ class ScoutConfig:
     def cpu_capacity(self) -> int:
         return self.topk_blocks if self.max_cpu_blocks is None else self.max_cpu_blocks
 
-    def recall_capacity(self, num_kv_heads: int, max_requests: int) -> int:
-        """(block, KV head) copies per layer and step for the whole batch. By default every request may fill
-        its whole buffer in the same step, so recall never depends on the batch a request decodes in; a smaller
-        max_recall_blocks bounds the copies, the moves past it wait (their blocks stay on the CPU meanwhile)."""
+    @property
+    def recall_quota(self) -> int:
+        """Blocks one (request, layer, KV head) resident row may take in per step and phase (first fill, recall).
+        By default its whole buffer; a smaller max_recall_blocks bounds the copies, and the blocks past it wait
+        (on the CPU meanwhile). Per row, so a request's decisions never depend on the batch it decodes in."""
         if self.max_recall_blocks is not None:
-            return self.max_recall_blocks
-        return max(1, max_requests * num_kv_heads * self.resident_capacity)
+            return min(self.max_recall_blocks, self.resident_capacity)
+        return self.resident_capacity
 
     def interval_for_layer(self, layer: int) -> int:
         """Recall interval of a layer: the profiled one if present, else the default."""

@@ -1,8 +1,9 @@
 """The CPU part computed by the layer itself when its CPU task raises or misses its deadline: the same
 attention as the task's (against the reference), the same engine outputs as a run without faults, every
 fallback counted by cause (once the worker failed cpu_health.FAILURES parts in a row, the rest are
-"device_only": it is given no more work), and a late task's staging buffers never handed to the next
-submit."""
+"device_only": it is given no more work), and a late or stale answer never merged."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from scout_sglang.core.cpu_handoff import CpuHandoff
 from scout_sglang.core.cpu_health import FAILURES
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.cpu_worker.faults import FaultPlan, InjectedFault
+from scout_sglang.cpu_worker.faults import FaultPlan
+from scout_sglang.handoff_words import DONE, ROWS, STATUS, STATUS_DEADLINE, STATUS_ERROR, STATUS_OK
 from scout_sglang.layout import PAD_BLOCK
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -89,6 +91,8 @@ def test_cpu_tasks_that_raise_cost_no_output_and_are_counted(driver_and_referenc
 
 
 def test_cpu_tasks_past_their_deadline_cost_no_output_and_are_counted(driver_and_reference):
+    """Late parts keep running into buffers the merge no longer reads (its fallback has its own), and the next
+    step's ring makes them stale: the outputs are those of a run without faults."""
     driver, expected = driver_and_reference
     engine = make_engine(cpu_faults=FaultPlan(delay_probability=1.0, delay_ms=60, seed=1), cpu_deadline_ms=5)
     outputs = driver.run(engine)
@@ -96,73 +100,82 @@ def test_cpu_tasks_past_their_deadline_cost_no_output_and_are_counted(driver_and
     late = fallbacks(driver.telemetry, "deadline")
     assert late == FAILURES and late + fallbacks(driver.telemetry, "device_only") == CPU_LAYERS
     assert fallbacks(driver.telemetry, "error") == 0
-    assert engine._handoff.replaced_buffer_sets > 0  # late tasks were still running at the next submit
 
 
-class HeldHandle:
-    """A submit whose task finishes only when the test says so."""
-
-    def __init__(self, q, k_cache, v_cache, block_table, counts, scale, out_o, out_lse):
-        self.q, self.k_cache, self.v_cache, self.block_table, self.counts = q, k_cache, v_cache, block_table, counts
-        self.scale, self.out_o, self.out_lse, self.batch_size = scale, out_o, out_lse, q.shape[0]
-        self.finished, self.fail = False, False
-
-    def done(self):
-        return self.finished
-
-
-class HeldPool:
-    """submit_batch / wait of CpuAttentionPool, with tasks that finish (or raise) on demand."""
+class HeldWorker:
+    """A worker whose parts are answered (or not) when the test says so, through the same words."""
 
     def __init__(self):
-        self.handles = []
+        self.parts = {}
 
-    def submit_batch(self, q, k_cache, v_cache, block_table, counts, *, scale, out_o, out_lse, **_):
-        self.handles.append(HeldHandle(q, k_cache, v_cache, block_table, counts, scale, out_o, out_lse))
-        return self.handles[-1]
+    def register_layer(self, index, part):
+        self.parts[index] = part
 
-    def wait(self, handle, timeout=None):
-        from scout_sglang.cpu_worker.errors import CpuAttentionError
+    def kick(self):
+        pass
 
-        if handle.fail:
-            raise CpuAttentionError(seq_id=0, batch_index=0, layer=1, cause=InjectedFault("held"))
-        if not handle.finished:
-            raise TimeoutError("held")
+    def wait_done(self, index, seq, timeout_s):
+        words = self.parts[index].words
+        return int(words[STATUS]) if int(words[DONE]) == seq else STATUS_DEADLINE
+
+    def answer(self, index, seq, *, status=STATUS_OK, garbage=False):
+        part, rows = self.parts[index], int(self.parts[index].words[ROWS])
+        if garbage:
+            part.out_o.fill_(1e4)
+            part.out_lse.fill_(50.0)
+        else:
+            o, lse = reference.sparse_decode(part.q[:rows], part.k_cache, part.v_cache, part.pages[:rows],
+                                             part.counts[:rows], scale=part.scale)
+            part.out_o[:rows], part.out_lse[:rows] = o, lse
+        part.words[STATUS] = status
+        part.words[DONE] = seq
 
 
-def staged_storage(handle):
-    return {t.untyped_storage().data_ptr() for t in (handle.q, handle.block_table, handle.counts, handle.out_o,
-                                                      handle.out_lse)}
-
-
-def test_a_late_task_keeps_its_buffers_until_it_finishes():
+def test_a_late_part_never_reaches_the_merge_and_a_stale_answer_is_not_taken_for_a_later_step():
     generator = torch.Generator().manual_seed(0)
     num_pages, heads, head_dim, capacity, batch_size = 9, SHAPE.num_kv_heads, SHAPE.head_dim, 4, 2
     host_k = torch.randn(num_pages, heads, BLOCK, head_dim, generator=generator)
     host_v = torch.randn(num_pages, heads, BLOCK, head_dim, generator=generator)
-    pool = HeldPool()
+    worker, scale = HeldWorker(), head_dim**-0.5
     handoff = CpuHandoff([1], max_batch=4, num_qo_heads=SHAPE.num_qo_heads, num_kv_heads=heads, head_dim=head_dim,
-                         capacity=capacity, dtype=torch.float32, pool=pool, device=torch.device("cpu"),
-                         deadline_s=1e-3)
+                         capacity=capacity, dtype=torch.float32, device=torch.device("cpu"), host_k={1: host_k},
+                         host_v={1: host_v}, scale=scale, worker=worker, deadline_s=1e-3)
 
-    def submit():
+    def step(seq):
+        """Stage a part and ring it -> (the plan, the device part (o, lse), the expected merged output)."""
         q = torch.randn(batch_size, SHAPE.num_qo_heads, head_dim, generator=generator)
         pages, counts = random_lists(num_pages, batch_size, heads, capacity, generator)
-        handoff.submit(1, q, pages, counts, host_k, host_v, scale=head_dim**-0.5)
-        return q, pages, counts
+        handoff.q[1][:batch_size], handoff.pages[1][:batch_size], handoff.counts[1][:batch_size] = q, pages, counts
+        plan = SimpleNamespace(rows=batch_size, seq=seq, bypass=False)
+        handoff.ring(1, plan)
+        o_dev = torch.randn(batch_size, SHAPE.num_qo_heads, head_dim, generator=generator)
+        lse_dev = torch.randn(batch_size, SHAPE.num_qo_heads, generator=generator)
+        cpu_o, cpu_lse = reference.sparse_decode(q, host_k, host_v, pages, counts, scale=scale)
+        return plan, o_dev, lse_dev, reference.merge_states(o_dev, lse_dev, cpu_o, cpu_lse)[0]
 
-    q, pages, counts = submit()  # late: its task never finishes in time
-    result = handoff.collect(1)
-    expected_o, expected_lse = reference.sparse_decode(q, host_k, host_v, pages, counts, scale=head_dim**-0.5)
-    assert result.fallback == "deadline"
-    assert_close(result.o, expected_o, torch.float32)
-    assert_close(result.lse, expected_lse, torch.float32, lse=True)
-    submit()  # the late task still runs: a fresh set of buffers
-    assert staged_storage(pool.handles[1]).isdisjoint(staged_storage(pool.handles[0]))
-    assert handoff.replaced_buffer_sets == 1
-    pool.handles[1].fail = True
-    assert handoff.collect(1).fallback == "error"
-    submit()  # the failed task is over: its buffers are reused
-    assert staged_storage(pool.handles[2]) == staged_storage(pool.handles[1])
-    pool.handles[2].finished = True
-    assert handoff.collect(1).fallback is None
+    def resolve(plan, o_dev, lse_dev):
+        out = torch.empty_like(o_dev)
+        handoff.resolve(1, plan, o_dev, lse_dev, out)
+        return out, int(handoff.status[0])
+
+    plan, o_dev, lse_dev, expected = step(seq=1)  # never answered in time: computed by the layer
+    out, status = resolve(plan, o_dev, lse_dev)
+    assert status == STATUS_DEADLINE
+    assert_close(out, expected, torch.float32)
+    worker.answer(0, 1, garbage=True)  # the late part lands afterwards: nothing reads it
+    plan, o_dev, lse_dev, expected = step(seq=2)
+    worker.answer(0, 2)
+    out, status = resolve(plan, o_dev, lse_dev)
+    assert status == STATUS_OK
+    assert_close(out, expected, torch.float32)
+    plan, o_dev, lse_dev, expected = step(seq=3)
+    worker.answer(0, 2, garbage=True)  # an answer for the previous step, during this one: not this step's
+    out, status = resolve(plan, o_dev, lse_dev)
+    assert status == STATUS_DEADLINE
+    assert_close(out, expected, torch.float32)
+    plan, o_dev, lse_dev, expected = step(seq=4)
+    worker.answer(0, 4, status=STATUS_ERROR, garbage=True)  # a failed part: its outputs are never read
+    out, status = resolve(plan, o_dev, lse_dev)
+    assert status == STATUS_ERROR
+    assert_close(out, expected, torch.float32)
+    assert handoff.step_outcomes([status], [10, 11]) == {"error": 1}

@@ -9,7 +9,7 @@ from scout_sglang.kernels.dispatch import select_impl
 
 
 def test_cpu_ops_use_torch():
-    for op in ("digests", "score_blocks", "select_topk", "split_selection", "sparse_decode", "merge"):
+    for op in ("digests", "score_blocks", "select_topk", "sparse_decode", "merge"):
         assert select_impl(op, "cpu") == "torch"
 
 

@@ -12,6 +12,7 @@ from support import requires_cuda
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.shape import ModelShape
+from scout_sglang.cpu_worker.flag_worker import FlagWorker
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPE = ModelShape(num_layers=3, num_qo_heads=8, num_kv_heads=2, head_dim=32)
@@ -119,11 +120,14 @@ def test_a_thousand_requests_leave_no_state_behind():
 
 
 def test_a_failing_cpu_task_is_computed_by_the_layer_and_logged_naming_its_request_and_layer(caplog):
-    engine = make_engine("hgca", budget=48)
+    worker = FlagWorker(threads=1, impl="torch")  # the Python worker: its kernel is the unit to break
+    config = ScoutConfig(mode="hgca", block_size=BLOCK, token_budget=48, sink_blocks=1, local_blocks=2)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=512,
+                               cpu_worker=worker)
     engine.add_request(7)
     for layer in range(SHAPE.num_layers):
         engine.prefill(7, layer, torch.randn(90, 2, 32), torch.randn(90, 2, 32))
-    kernel = engine.cpu_pool._groups[0]._kernel
+    kernel = worker._kernel
     healthy = kernel.decode
 
     def failing_decode(*args, **kwargs):  # the unit boundary: the CPU kernel itself fails
@@ -142,6 +146,7 @@ def test_a_failing_cpu_task_is_computed_by_the_layer_and_logged_naming_its_reque
         engine.attend(layer, torch.randn(1, 8, 32), torch.randn(1, 2, 32), torch.randn(1, 2, 32))
     assert engine.end_step().cpu_fallbacks == {}
     engine.close()
+    worker.shutdown()
 
 
 @requires_cuda

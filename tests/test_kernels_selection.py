@@ -1,4 +1,4 @@
-"""Digests, block scores, top-k selection and the resident split against the references."""
+"""Digests, block scores and top-k selection against the references (the split: test_stage_split.py)."""
 
 import pytest
 import torch
@@ -99,35 +99,6 @@ def test_select_topk_ties_go_to_the_lower_index():
 def test_select_topk_refuses_a_budget_smaller_than_the_forced_blocks():
     with pytest.raises(ValueError, match=r"topk \(2\) must cover the forced blocks"):
         kernels.select_topk(torch.zeros(1, 1, 4), torch.tensor([4], dtype=torch.int32), topk=2, num_sink_blocks=1, num_local_blocks=2)
-
-
-def test_split_selection_matches_reference_including_overflow():
-    gen = torch.Generator().manual_seed(7)
-    batch_size, num_kv_heads, topk, num_resident, capacity = 3, 4, 12, 6, 5
-    selected = torch.stack([torch.randperm(30, generator=gen)[:topk] for _ in range(batch_size * num_kv_heads)])
-    selected = selected.view(batch_size, num_kv_heads, topk).to(torch.int32)
-    sel_counts = torch.randint(0, topk + 1, (batch_size, num_kv_heads), generator=gen, dtype=torch.int32)
-    resident = torch.randint(0, 30, (batch_size, num_kv_heads, num_resident), generator=gen, dtype=torch.int32)
-    res_counts = torch.randint(0, num_resident + 1, (batch_size, num_kv_heads), generator=gen, dtype=torch.int32)
-    result = kernels.split_selection(selected, sel_counts, resident, res_counts, capacity=capacity)
-    for b in range(batch_size):
-        for h in range(num_kv_heads):
-            sel = selected[b, h, : sel_counts[b, h]].tolist()
-            res = resident[b, h, : res_counts[b, h]].tolist()
-            cpu, dropped = reference.split_selection(sel, res, capacity=capacity)
-            assert result.blocks[b, h, : result.counts[b, h]].tolist() == cpu
-            assert int(result.dropped[b, h]) == dropped
-            assert torch.all(result.blocks[b, h, result.counts[b, h] :] == PAD_BLOCK)
-
-
-def test_split_selection_cpu_set_plus_resident_covers_the_selection():
-    selected = torch.tensor([[[5, 1, 8, 3]]], dtype=torch.int32)
-    resident = torch.tensor([[[8, 2, PAD_BLOCK]]], dtype=torch.int32)
-    result = kernels.split_selection(
-        selected, torch.tensor([[4]], dtype=torch.int32), resident, torch.tensor([[2]], dtype=torch.int32), capacity=4
-    )
-    cpu = set(result.blocks[0, 0, : result.counts[0, 0]].tolist())
-    assert cpu == {5, 1, 3} and cpu | {8} == {5, 1, 8, 3}
 
 
 @requires_cuda

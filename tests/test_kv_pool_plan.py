@@ -88,7 +88,7 @@ def small_engine(dense_layers=(), mode="scout", total_pages=None):
     config = ScoutConfig(mode=mode, block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
                          dense_layers=dense_layers, cpu_groups=1)
     return CoAttentionEngine(config, SHAPE, dtype=torch.bfloat16, max_requests=2, max_tokens_per_request=64,
-                             total_pages=total_pages, cpu_pool=object())  # no CPU work here: no threads
+                             total_pages=total_pages, cpu_worker=False)  # no CPU work here: no threads
 
 
 def test_device_bytes_per_request_count_every_layer_against_full_attention():

@@ -1,12 +1,18 @@
-"""The decode step's per-layer work is a fixed program: what a GPU server needs to keep its stream busy.
+"""The decode step's per-layer work is a few fused launches with no host step: what keeps a GPU busy.
 
-1. Ops dispatched and Python lines executed per layer do not depend on the batch size or the KV head count
-   (nothing loops over requests or heads), and no device value is read back inside the layer loop (every
-   scalar read would be a stream sync on a GPU).
-2. Each per-layer program traces with torch.compile(fullgraph=True, dynamic=False): no graph break, no
-   recompile across steady steps, a step that completes blocks and a step that recalls, and the same
-   outputs as eager. The CPU hand-off and the recall copies run between the programs, where a breakable
-   CUDA graph breaks.
+1. What a GPU executes: the engine's Triton path, run under Triton's interpreter, launches at most 16 kernels
+   per offloaded layer and 4 per dense layer (Triton launches plus aten ops that are not views, and the
+   hand-off's ring and wait, which are kernels on CUDA and the engine thread's own code on the CPU device),
+   in steady steps, steps that complete blocks and steps that recall, at batch 1, 4, 8, 32 and 64 and 1, 2 and
+   8 KV heads; it allocates nothing and reads no device value back inside the layer loop; and the host runs at
+   most a quarter of the 764.5 Python lines per layer that the unfused step ran (the layers replay their
+   recorded launches: launch_program.py), the same at every batch size and head count.
+2. The torch path (the CPU device's): ops dispatched and Python lines executed per layer do not depend on the
+   batch size or the KV head count (nothing loops over requests or heads; whether a block completes in the
+   step changes them: the CPU device copies only completed blocks), and nothing is read back.
+3. Each tensor program of a layer (the front's select and split, the device part, the recall, a device-full
+   layer) traces with torch.compile(fullgraph=True, dynamic=False): no graph break, no recompile across steady
+   steps, steps that complete blocks and steps that recall, and the same outputs as eager.
 """
 
 from __future__ import annotations
@@ -15,73 +21,137 @@ import contextlib
 
 import pytest
 import torch
+from support import requires_triton
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.host_work import PythonLineCounter
-from scout_sglang.core.op_counter import OpCounter
+from scout_sglang.core.op_counter import LaunchCounter, OpCounter
 from scout_sglang.core.shape import ModelShape
 
 BLOCK, HEAD_DIM, LAYERS = 8, 8, 3
-PROGRAMS = ("_run_full", "_run_front", "_run_device_part", "_run_merge", "_run_recall")
+OFFLOADED_BUDGET, DENSE_BUDGET = 16, 4
+UNFUSED_PYTHON_LINES = 764.5  # scout's Python lines per layer before the fused stages (bench_host_overhead)
+HANDOFF_KERNELS = 2  # ring and wait: kernels on CUDA, the engine thread's code on the CPU device
+ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "new_empty",
+              "new_zeros", "new_full", "clone", "randn", "arange", "empty_strided")
 
 
-def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", fixed_widths=True):
+def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", kernel_impl=None, fixed_widths=True,
+                length=70, spread=3):
     shape = ModelShape(num_layers=LAYERS, num_qo_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=6 * BLOCK, resident_blocks=3, cpu_groups=1,
-                         dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1)
-    engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch, max_tokens_per_request=256,
-                               fixed_widths=fixed_widths)
+                         dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1,
+                         kernel_impl=kernel_impl)
+    engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
+                               max_tokens_per_request=length + 3 * batch + 32, fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
     for rid in range(batch):
         engine.add_request(rid)
-        length = 70 + 3 * rid  # mixed lengths: blocks complete in different steps
+        n = length + spread * rid  # mixed lengths: blocks complete in different steps
         for layer in range(LAYERS):
-            engine.prefill(rid, layer, torch.randn(length, num_kv_heads, HEAD_DIM, generator=gen),
-                           torch.randn(length, num_kv_heads, HEAD_DIM, generator=gen))
+            engine.prefill(rid, layer, torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen),
+                           torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen))
     return engine
 
 
-def decode_step(engine, gen, *counters):
-    """One step with layer-ahead prediction; the layer loop runs under `counters` (outermost first).
+def decode_step(engine, gen, *, counters=None):
+    """One step with layer-ahead prediction, its inputs and outputs made outside the counted region.
+    counters(layer) returns the context managers to run that layer's work under (outermost first): its
+    attention, and its front where it runs one layer ahead (during the previous layer).
 
     Returns the layer outputs, the blocks recalled and whether a token completed a block."""
     shape, batch = engine.shape, len(engine.requests)
     q = torch.randn(LAYERS, batch, shape.num_qo_heads, HEAD_DIM, generator=gen)
     kv = torch.randn(2, LAYERS, batch, shape.num_kv_heads, HEAD_DIM, generator=gen)
+    outputs = torch.zeros(LAYERS, batch, shape.num_qo_heads, HEAD_DIM)
     engine.begin_step(sorted(engine.requests))
-    outputs = []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        for counter in counters:
+
+    def counted(layer):
+        stack = contextlib.ExitStack()
+        for counter in (counters(layer) if counters else ()):
             stack.enter_context(counter)
+        return stack
+
+    with torch.no_grad():
         for layer in range(LAYERS):
             if layer + 1 < LAYERS and engine.wants_prediction(layer + 1):
-                engine.predict(layer + 1, q[layer + 1] + 0.1)
-            outputs.append(engine.attend(layer, q[layer], kv[0, layer], kv[1, layer]))
+                with counted(layer + 1):
+                    engine.predict(layer + 1, q[layer + 1] + 0.1)
+            with counted(layer):
+                engine.attend(layer, q[layer], kv[0, layer], kv[1, layer], out=outputs[layer])
     recalled = engine.end_step().totals().recalled_blocks
     completed = any(state.num_tokens % BLOCK == 0 for state in engine.requests.values())
     return outputs, recalled, completed
 
 
+@requires_triton
+@pytest.mark.triton_interpret
 @pytest.mark.parametrize("mode", MODES)
-def test_ops_and_python_per_layer_do_not_grow_with_the_batch_or_the_heads_and_nothing_is_read_back(
-        mode, one_torch_thread):
+def test_a_gpu_runs_a_handful_of_launches_per_layer_allocates_nothing_and_reads_nothing_back(mode, one_torch_thread):
+    python = {}
+    for batch, num_kv_heads in ((1, 1), (4, 2), (8, 8), (32, 1), (64, 8)):
+        run = batch * num_kv_heads <= 8  # larger: counted, not run (see LaunchCounter): the interpreter is slow
+        engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45)  # 48: a block completes
+        counters = {}
+
+        def per_layer(layer):
+            counters.setdefault(layer, LaunchCounter(run=run))
+            return (counters[layer],)
+
+        try:
+            gen = torch.Generator().manual_seed(1)
+            with LaunchCounter(run=run):
+                decode_step(engine, gen)  # first fills
+            completed = recalled = 0
+            for step in range(2 if run else 1):  # block fills and interval recalls among them
+                counters.clear()
+                _, moved, filled = decode_step(engine, gen, counters=per_layer)
+                completed, recalled = completed + filled, recalled + moved
+                lines = PythonLineCounter(skip_launches=True, run_launches=run)
+                _, moved, filled = decode_step(engine, gen, counters=lambda layer, c=lines: (c,))
+                python[(batch, num_kv_heads)] = lines.lines / LAYERS
+                completed, recalled = completed + filled, recalled + moved
+                for layer, counter in counters.items():
+                    cpu_part = mode in ("scout", "hgca") and layer in engine.offloaded_layers
+                    launches = counter.launches() + (HANDOFF_KERNELS if cpu_part else 0)
+                    dense = layer in engine.full_layers and layer not in engine._selects  # no selection
+                    budget = DENSE_BUDGET if dense else OFFLOADED_BUDGET
+                    where = f"{mode} batch {batch} Hkv {num_kv_heads} layer {layer}: {dict(counter.triton)} {counter.ops}"
+                    assert launches <= budget, where
+                    assert counter.scalar_reads == 0, where
+                    allocating = {op: n for op, n in counter.ops.items() if op.split(".")[1] in ALLOCATING}
+                    assert not allocating, where
+                    assert sum(counter.triton.values()) >= 2, where  # it did run the Triton path
+            if run:
+                assert completed, "no step completed a block"
+                if mode == "scout" and batch == 4:
+                    assert recalled, "no step recalled a block"
+        finally:
+            engine.close()
+    assert len(set(python.values())) == 1, f"{mode}: Python lines per layer {python}"
+    assert max(python.values()) <= UNFUSED_PYTHON_LINES / 4, f"{mode}: Python lines per layer {python}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_torch_path_is_flat_in_batch_and_heads_and_reads_nothing_back(mode, one_torch_thread):
     counts, lines = {}, {}
     for batch, num_kv_heads in ((1, 1), (5, 1), (5, 4)):
-        engine = make_engine(mode, batch, num_kv_heads)
+        # Equal lengths: the CPU device copies only the blocks a step completes (host-side list), so the ops of
+        # a step depend on whether a block completes in it, the same at every batch here.
+        engine = make_engine(mode, batch, num_kv_heads, spread=0)
         try:
             gen = torch.Generator().manual_seed(1)
             decode_step(engine, gen)  # first fills
             steps = []
             for _ in range(4):  # steady steps, block fills and recalls among them
                 counter = OpCounter()
-                decode_step(engine, gen, counter)
+                decode_step(engine, gen, counters=lambda layer, c=counter: (c,))
                 steps.append(counter)
             python = []
             for _ in range(4):  # counted apart: the op counter's own Python runs for views too
                 python.append(PythonLineCounter())
-                decode_step(engine, gen, python[-1])
+                decode_step(engine, gen, counters=lambda layer, c=python[-1]: (c,))
         finally:
             engine.close()
         for counter in steps:
@@ -103,21 +173,24 @@ class CompileCounter:
         return graph_module.forward
 
 
+PROGRAMS = ("select_split", "device_part", "recall", "attend_full")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_every_layer_program_compiles_whole_once_and_matches_eager(mode, one_torch_thread):
     torch._dynamo.reset()
     eager, compiled = make_engine(mode, 3, 2), make_engine(mode, 3, 2)
     backend = CompileCounter()
     for name in PROGRAMS:
-        setattr(compiled, name, torch.compile(getattr(compiled, name), fullgraph=True, dynamic=False, backend=backend))
+        setattr(compiled.stages, name, torch.compile(getattr(compiled.stages, name), fullgraph=True, dynamic=False,
+                                                     backend=backend))
     try:
         gen_eager, gen_compiled = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
         completed = recalled = 0
         for step in range(7):  # blocks complete and interval recalls fire in these steps
             expected, _, _ = decode_step(eager, gen_eager)
             outputs, moved, filled = decode_step(compiled, gen_compiled)
-            for a, b in zip(expected, outputs):
-                torch.testing.assert_close(b, a, rtol=0, atol=0)
+            torch.testing.assert_close(outputs, expected, rtol=0, atol=0)
             if step == 0:
                 after_first_step = backend.compiles
                 assert after_first_step > 0

@@ -41,7 +41,7 @@ def needle_engine(config, slots, logical_tokens):
     spec = load_model("needle-llama")
     total_pages = memory_report.engine_total_pages(logical_tokens, config.block_size, slots)
     engine = CoAttentionEngine(config, spec.shape(), dtype=torch.float32, max_requests=slots, total_pages=total_pages,
-                               cpu_pool=object())  # no CPU work here: no threads
+                               cpu_worker=False)  # no CPU work here: no threads
     return spec, engine
 
 

@@ -36,6 +36,8 @@
 //   amx_bf16.h       AMX tile path;  attend.h  path choice and the block loop
 //   read_ceiling.h   the same block walk without compute (the benchmark's
 //                    memory ceiling of this access pattern)
+//   worker_pool.h    the CPU part's worker pool: C++ threads driven by the
+//                    hand-off's control words (no Python, no GIL)
 
 #include <torch/extension.h>
 
@@ -45,6 +47,7 @@
 
 #include "attend.h"
 #include "read_ceiling.h"
+#include "worker_pool.h"
 
 namespace {
 
@@ -172,5 +175,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Read the K/V blocks of one sequence's heads as decode() would, without compute (GIL released).",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
+  using gil_release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  pybind11::class_<WorkerPool>(m, "WorkerPool")
+      .def(pybind11::init<int64_t, std::vector<int64_t>, bool, double>(), pybind11::arg("threads"),
+           pybind11::arg("cpus"), pybind11::arg("pin"), pybind11::arg("spin_s"))
+      .def("register_layer", &WorkerPool::register_layer,
+           "Register one layer's CPU part: staging, outputs, host store, control words (kept alive here).")
+      .def("kick", &WorkerPool::kick, "Wake the threads; replace the ones that ended.", gil_release())
+      .def("wait_done", &WorkerPool::wait_done, "Wait for DONE == seq; the STATUS word, or -1 on timeout.",
+           gil_release())
+      .def("set_faults", &WorkerPool::set_faults, "Test-only faults drawn once per job.")
+      .def("shutdown", &WorkerPool::shutdown, "Stop and join every thread.", gil_release())
+      .def("replaced_threads", &WorkerPool::replaced_threads)
+      .def("num_threads", &WorkerPool::num_threads)
+      .def("last_error", &WorkerPool::last_error)
+      .def("thread_cpus", &WorkerPool::thread_cpus);
   m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");
 }

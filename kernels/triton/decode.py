@@ -18,9 +18,12 @@ graph friendly; splits that start past a list's count write an empty partial.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from scout_sglang.kernels.triton.sizes import cdiv, p2
 
 # tl.dot needs every dimension >= 16: the G query heads of a KV head are padded
 # to at least 16 rows (decode is bandwidth-bound, the idle MMA rows are free).
@@ -57,6 +60,7 @@ def _sparse_decode_split_kernel(
     block_table_ptr,
     counts_ptr,
     last_block_len_ptr,
+    gate_ptr,
     part_o_ptr,
     part_lse_ptr,
     stride_q_batch,
@@ -70,7 +74,9 @@ def _sparse_decode_split_kernel(
     stride_bt_batch,
     stride_bt_head,
     stride_counts_batch,
+    stride_counts_head,
     stride_last_batch,
+    stride_last_head,
     stride_po_batch,
     stride_po_head,
     stride_po_split,
@@ -89,6 +95,7 @@ def _sparse_decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     SPLIT_P: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     # grid: (B, Hkv, num_splits); one program = the G query heads of one KV
     # head over one slice of that head's block list.
@@ -96,11 +103,13 @@ def _sparse_decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    count = tl.load(counts_ptr + batch * stride_counts_batch + kv_head)
+    count = tl.load(counts_ptr + batch * stride_counts_batch + kv_head * stride_counts_head)
+    if GATED:  # attend only when the gate word is nonzero; else every list counts as empty
+        count = tl.where(tl.load(gate_ptr) != 0, count, 0)
     start = split * blocks_per_split
     end = tl.minimum(start + blocks_per_split, count)
     if HAS_LAST_BLOCK_LEN:
-        last_len = tl.load(last_block_len_ptr + batch * stride_last_batch + kv_head)
+        last_len = tl.load(last_block_len_ptr + batch * stride_last_batch + kv_head * stride_last_head)
     else:
         last_len = BLOCK_SIZE
 
@@ -249,7 +258,7 @@ def _interpreter_needs_fp32_dot(q: torch.Tensor) -> bool:
 
 
 def _block_t(head_dim: int) -> int:
-    return max(_MIN_DOT_DIM, min(_MAX_BLOCK_T, _TILE_ELEMENTS // triton.next_power_of_2(head_dim)))
+    return max(_MIN_DOT_DIM, min(_MAX_BLOCK_T, _TILE_ELEMENTS // p2(head_dim)))
 
 
 def default_num_splits(capacity: int, *, batch_size: int, num_kv_heads: int) -> int:
@@ -258,9 +267,36 @@ def default_num_splits(capacity: int, *, batch_size: int, num_kv_heads: int) -> 
     Splits only when the (B, Hkv) programs alone would leave the GPU idle, and
     never into slices shorter than _MIN_BLOCKS_PER_SPLIT pages.
     """
-    by_length = max(1, triton.cdiv(capacity, _MIN_BLOCKS_PER_SPLIT))
-    by_occupancy = max(1, triton.cdiv(_TARGET_PROGRAMS, max(1, batch_size * num_kv_heads)))
+    by_length = max(1, cdiv(capacity, _MIN_BLOCKS_PER_SPLIT))
+    by_occupancy = max(1, cdiv(_TARGET_PROGRAMS, max(1, batch_size * num_kv_heads)))
     return max(1, min(by_length, by_occupancy, _MAX_SPLITS))
+
+
+@functools.cache
+def split_plan(capacity: int, batch_size: int, num_kv_heads: int, head_dim: int, block_size: int,
+               num_splits: int | None = None) -> tuple[int, int]:
+    """(splits, pages per split) of a launch: whole K/V tiles per split where pages divide a tile, recounted so
+    that no split is empty by construction (the splits used may be fewer than asked, never more)."""
+    if num_splits is None:
+        num_splits = default_num_splits(capacity, batch_size=batch_size, num_kv_heads=num_kv_heads)
+    assert num_splits >= 1, num_splits
+    pages_per_tile = max(1, _block_t(head_dim) // block_size)
+    blocks_per_split = cdiv(max(capacity, 1), num_splits)
+    blocks_per_split = cdiv(blocks_per_split, pages_per_tile) * pages_per_tile
+    return cdiv(max(capacity, 1), blocks_per_split), blocks_per_split
+
+
+def workspace_size(max_batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                   capacities) -> int:
+    """fp32 words of a flat workspace that holds the split partials of any launch of up to max_batch rows over
+    lists of the given capacities (0 when none splits)."""
+    words = 0
+    for capacity in capacities:
+        for batch_size in range(1, max_batch + 1):
+            splits, _ = split_plan(capacity, batch_size, num_kv_heads, head_dim, block_size)
+            if splits > 1:
+                words = max(words, batch_size * num_qo_heads * splits * (head_dim + 1))
+    return words
 
 
 def sparse_decode_triton(
@@ -276,6 +312,7 @@ def sparse_decode_triton(
     scale: float,
     num_splits: int | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    gate: torch.Tensor | None = None,
 ) -> None:
     """Decode attention of one query token per request over per-head page lists.
 
@@ -296,8 +333,13 @@ def sparse_decode_triton(
         Slices are rounded to whole K/V tiles where pages divide a tile, so
         the splits used may be fewer (never more).
     workspace : (part_o [B, Hq, >= num_splits, D] fp32, part_lse [B, Hq,
-        >= num_splits] fp32) or None; holds the per-split partials when more
-        than one split is used. None allocates them per call.
+        >= num_splits] fp32), or one flat fp32 tensor of at least
+        workspace_size(...) words (a static buffer: nothing is allocated), or
+        None; holds the per-split partials when more than one split is used.
+        None allocates them per call.
+    gate : optional one-element int32 tensor: attend only when it is nonzero,
+        else write the results of empty lists (the CPU part's fallback, gated by
+        the layer's hand-off status without a host read)
     """
     batch_size, num_qo_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
@@ -305,24 +347,24 @@ def sparse_decode_triton(
     group_size = num_qo_heads // num_kv_heads
     if batch_size == 0:
         return
-    if num_splits is None:
-        num_splits = default_num_splits(capacity, batch_size=batch_size, num_kv_heads=num_kv_heads)
-    assert num_splits >= 1, num_splits
+    num_splits, blocks_per_split = split_plan(capacity, batch_size, num_kv_heads, head_dim, block_size, num_splits)
     block_t = _block_t(head_dim)
-    # Slices of whole tiles where pages divide a tile; recount so that no split
-    # is empty by construction.
-    pages_per_tile = max(1, block_t // block_size)
-    blocks_per_split = triton.cdiv(max(capacity, 1), num_splits)
-    blocks_per_split = triton.cdiv(blocks_per_split, pages_per_tile) * pages_per_tile
-    num_splits = triton.cdiv(max(capacity, 1), blocks_per_split)
 
-    if num_splits == 1:
-        part_o, part_lse = out_o.unsqueeze(2), out_lse.unsqueeze(2)  # [B, Hq, 1, D], [B, Hq, 1]
+    if num_splits == 1:  # straight into the outputs: the tensors themselves (split stride 0), not views of them
+        part_o, part_lse = out_o, out_lse
+        po_strides, pl_strides = (out_o.stride(0), out_o.stride(1), 0), (out_lse.stride(0), out_lse.stride(1), 0)
+    elif isinstance(workspace, torch.Tensor):  # flat: partial O, then partial LSE
+        size = batch_size * num_qo_heads * num_splits * head_dim
+        part_o = workspace[:size].view(batch_size, num_qo_heads, num_splits, head_dim)
+        part_lse = workspace[size: size + batch_size * num_qo_heads * num_splits].view(
+            batch_size, num_qo_heads, num_splits)
     elif workspace is not None:
         part_o, part_lse = workspace[0][:, :, :num_splits], workspace[1][:, :, :num_splits]
     else:
         part_o = torch.empty(batch_size, num_qo_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(batch_size, num_qo_heads, num_splits, dtype=torch.float32, device=q.device)
+    if num_splits > 1:
+        po_strides, pl_strides = part_o.stride()[:3], part_lse.stride()[:3]
 
     _sparse_decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
         q,
@@ -331,6 +373,7 @@ def sparse_decode_triton(
         block_table,
         counts,
         counts if last_block_len is None else last_block_len,  # unread when None
+        counts if gate is None else gate,  # unread when None
         part_o,
         part_lse,
         q.stride(0),
@@ -344,26 +387,25 @@ def sparse_decode_triton(
         block_table.stride(0),
         block_table.stride(1),
         counts.stride(0),
+        counts.stride(1),
         counts.stride(0) if last_block_len is None else last_block_len.stride(0),
-        part_o.stride(0),
-        part_o.stride(1),
-        part_o.stride(2),
-        part_lse.stride(0),
-        part_lse.stride(1),
-        part_lse.stride(2),
+        counts.stride(1) if last_block_len is None else last_block_len.stride(1),
+        *po_strides,
+        *pl_strides,
         scale * _LOG2E,
         blocks_per_split,
         GROUP_SIZE=group_size,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         HAS_LAST_BLOCK_LEN=last_block_len is not None,
-        BLOCK_G=max(_MIN_DOT_DIM, triton.next_power_of_2(group_size)),
+        BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)),
         BLOCK_T=block_t,
-        BLOCK_D=max(_MIN_DOT_DIM, triton.next_power_of_2(head_dim)),
+        BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)),
         # fp32 must not fall back to TF32 (10-bit mantissa); others use the default.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         DOT_IN_FP32=_interpreter_needs_fp32_dot(q),
         SPLIT_P=v_cache.dtype != torch.float32,
+        GATED=gate is not None,
         # fp32 tiles (no tensor cores) spilled registers with 4 warps.
         num_warps=8 if q.dtype == torch.float32 else 4,
     )
@@ -384,6 +426,6 @@ def sparse_decode_triton(
         out_lse.stride(0),
         NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim,
-        BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SPLITS=p2(num_splits),
+        BLOCK_D=p2(head_dim),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from scout_sglang.kernels.triton.sizes import cdiv, p2
 
 _GROUP_REDUCE_MAX = 0
 _GROUP_REDUCE_SUM = 1
@@ -34,6 +35,7 @@ def _quest_score_kernel(
     stride_max_page,
     stride_max_head,
     stride_bt_batch,
+    stride_nb_batch,
     stride_out_batch,
     stride_out_head,
     max_num_blocks,
@@ -50,7 +52,7 @@ def _quest_score_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
-    num_blocks = tl.load(num_blocks_ptr + batch)
+    num_blocks = tl.load(num_blocks_ptr + batch * stride_nb_batch)
     in_row = offs_n < max_num_blocks
     valid = in_row & (offs_n < num_blocks)
     # Pages of entries past num_blocks may be padding (-1): never dereferenced.
@@ -114,7 +116,7 @@ def score_blocks_triton(
     max_num_blocks = block_table.shape[1]
     if batch_size == 0 or max_num_blocks == 0:
         return
-    grid = (batch_size, num_kv_heads, triton.cdiv(max_num_blocks, _BLOCK_N))
+    grid = (batch_size, num_kv_heads, cdiv(max_num_blocks, _BLOCK_N))
     _quest_score_kernel[grid](
         q,
         digest_min,
@@ -129,6 +131,7 @@ def score_blocks_triton(
         digest_max.stride(0),
         digest_max.stride(1),
         block_table.stride(0),
+        num_blocks.stride(0),
         out.stride(0),
         out.stride(1),
         max_num_blocks,
@@ -136,5 +139,5 @@ def score_blocks_triton(
         HEAD_DIM=head_dim,
         GROUP_REDUCE=_GROUP_REDUCE[group_reduce],
         BLOCK_N=_BLOCK_N,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=p2(head_dim),
     )

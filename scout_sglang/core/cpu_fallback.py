@@ -51,7 +51,7 @@ def attend_listed_host_blocks(q: torch.Tensor, host_k: torch.Tensor, host_v: tor
             raise ValueError(f"the host store is on {host_k.device}; attending it on {device} needs gather=True")
         k_store, v_store = host_k, host_v
     o, lse = kernels.sparse_decode(q.contiguous(), k_store, v_store, pages.contiguous(), counts.contiguous(),
-                                   scale=scale, impl=impl, validate=False)
+                                   scale=scale, impl=impl)
     return o.float(), lse
 
 

@@ -1,63 +1,56 @@
-"""The hand-off of one layer's CPU part: staging buffers in, one pool submit, O and LSE out.
+"""The hand-off of each layer's CPU part: staging buffers and control words, the ring, and the resolve.
 
-Per offloaded layer, buffers of fixed capacity (max_requests rows) hold the
-query the CPU attends with, its host page lists and counts, and the CPU's
-output (O fp32, LSE natural log). They are page-locked on CUDA: the device
-copies the query and lists in without a sync, records an event, and the pool's
-workers wait on that event before reading (CpuAttentionPool.submit_batch);
-after the wait the device copies O and LSE back before the merge. On the CPU
-the same code runs over the same buffers (the copies are plain copies). A
-layer's buffers are reused the next step, after its result was collected.
+digest -> select -> split -> device part / **CPU part** -> merge. Per layer
+with a CPU part, fixed-capacity buffers (max_batch rows) hold what the split
+stage stages (the query, host page lists, counts) and what the worker writes
+back (O fp32, LSE natural log): page-locked on CUDA, where the device writes
+and reads them through unified addressing. The layer's row of control words
+(scout_sglang.handoff_words) carries the protocol; the worker
+(cpu_worker.NativeWorkerPool, or the Python FlagWorker) is registered with
+every layer's buffers once, at construction, and only ever reads words.
 
-A CPU part that fails, or is not done `deadline_s` after its submit, costs
-latency, never a token: the layer computes it itself from the same staged
-inputs and host store (cpu_fallback.py). A late task keeps running into its
-buffers; the layer's next submit takes a fresh set if it is still running.
-When most parts fail, the worker is given no work for a while (cpu_health.py):
-the staged part is computed by the layer at once ("device_only"), not after a
-deadline.
+    ring(layer)      after the split: on CUDA a one-program kernel (ROWS, DOORBELL); on the CPU device the
+                     engine's thread writes the words and wakes the worker
+    resolve(layer)   before the merge: wait for DONE with the deadline, compute the part on the device when
+                     the worker failed, was late or was bypassed (the fallback, exactly, from the same
+                     staging and host store), merge. On CUDA three kernels, no host step.
+
+Nothing on this path waits on the host on CUDA: a failed, late or bypassed
+part shows as the layer's status (a device word), read once per step with the
+counters (`step_statuses`). When most parts fail, the worker is given no work
+for a while (cpu_health.py): the plan's BYPASS word makes every layer compute
+its part on the device at once instead of after a deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple
 
 import torch
 
 from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
 from scout_sglang.core.cpu_health import CpuWorkerHealth
-from scout_sglang.cpu_worker.errors import CpuAttentionError
+from scout_sglang.cpu_worker.flag_worker import LayerPart
+from scout_sglang.handoff_words import (
+    CAUSE_OF_STATUS,
+    DOORBELL,
+    ERROR_ROW,
+    ROWS,
+    STATUS_DEVICE_ONLY,
+    STATUS_OK,
+    WORDS_PER_LAYER,
+)
+from scout_sglang.kernels.cpu_part import merge_cpu_part, ring_doorbell, wait_cpu_part
 
 logger = logging.getLogger("scout_sglang.core")
-# the task raised; the task was not done by its deadline; the worker was given no task (cpu_health.py)
-FALLBACK_CAUSES = ("error", "deadline", "device_only")
+# the worker failed; it was not done by the deadline; it was given no part (cpu_health.py)
+FALLBACK_CAUSES = tuple(CAUSE_OF_STATUS.values())
 LOG_INTERVAL_S = 10.0  # at most one fallback message per interval; it counts the ones not logged
 
 
-class CpuResult(NamedTuple):
-    """One layer's CPU part, as merged."""
-
-    o: torch.Tensor  # [B, Hq, D] fp32, on the device
-    lse: torch.Tensor  # [B, Hq] fp32 natural log, on the device
-    waited_s: float  # time spent waiting for the task (the fallback's compute not included)
-    fallback: str | None  # None: the task's result; else the cause (FALLBACK_CAUSES) and the layer computed it
-
-
-class StagedPart(NamedTuple):
-    """A CPU part staged but not handed to the worker (device-only), as the layer computes it."""
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    counts: torch.Tensor
-    scale: float
-
-
 class CpuHandoff:
-    """Staging buffers and in-flight submits of the CPU part, per layer.
+    """Staging, control words and fallback buffers of the CPU part, per layer.
 
     Parameters
     ----------
@@ -65,122 +58,156 @@ class CpuHandoff:
     max_batch : rows of every buffer
     num_qo_heads, num_kv_heads, head_dim, capacity : Hq, Hkv, D, C (CPU list capacity)
     dtype : dtype of the host store (the query is staged in it)
-    pool : a CpuAttentionPool
     device : where the layers run
-    deadline_s : seconds after its submit that a CPU part may take before the layer computes it itself
-    impl : the sparse_decode implementation of that fallback (None: kernels' choice for the device)
+    host_k, host_v : {layer: [P, Hkv, S, D]} the host store the worker and the fallback read
+    scale : softmax scale
+    worker : a NativeWorkerPool or FlagWorker (register_layer, kick, wait_done), or None (device-only)
+    deadline_s : seconds after the ring that a part may take before the layer computes it itself
+    impl : the sparse_decode implementation of the fallback (None: kernels' choice for the device)
     health : when the worker is given work (default: a CpuWorkerHealth of its defaults)
+    workspace : the Triton decode's static split buffer the fallback may use (None: allocated when needed)
     """
 
     def __init__(self, layers, *, max_batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, pool, device: torch.device, deadline_s: float, impl: str | None = None,
-                 health: CpuWorkerHealth | None = None):
+                 dtype: torch.dtype, device: torch.device, host_k: dict, host_v: dict, scale: float, worker,
+                 deadline_s: float, impl: str | None = None, health: CpuWorkerHealth | None = None,
+                 workspace: torch.Tensor | None = None):
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        self.pool, self.device, self.deadline_s, self.impl = pool, device, deadline_s, impl
+        self.device, self.deadline_s, self.impl, self.scale = torch.device(device), deadline_s, impl, scale
+        self.merge_impl = impl if impl in ("triton", "torch") else None
+        self.on_cuda = self.device.type == "cuda"
         self.health = health or CpuWorkerHealth()
-        self._buffer_shapes = {  # name -> (shape after the batch dimension, dtype)
-            "q": ((num_qo_heads, head_dim), dtype),  # [Bmax, Hq, D]
-            "pages": ((num_kv_heads, capacity), torch.int32),  # [Bmax, Hkv, C] host pages
-            "counts": ((num_kv_heads,), torch.int32),  # [Bmax, Hkv]
-            "out_o": ((num_qo_heads, head_dim), torch.float32),  # [Bmax, Hq, D]
-            "out_lse": ((num_qo_heads,), torch.float32),  # [Bmax, Hq] natural log
-        }
-        self._max_batch = max_batch
-        self.q, self.pages, self.counts, self.out_o, self.out_lse = {}, {}, {}, {}, {}
-        for layer in layers:
-            self._allocate(layer)
-        self._in_flight: dict[int, tuple[object, float]] = {}  # layer -> (handle, submit time)
-        self._late: dict[int, object] = {}  # layer -> handle of a task collected before it finished
-        self.replaced_buffer_sets = 0  # fresh sets taken because a late task still used the old one
-        self._last_log, self._unlogged = float("-inf"), {}  # cause -> fallbacks not logged yet
+        self.worker = worker
+        self.host_k, self.host_v, self.workspace = host_k, host_v, workspace
+        self.layers = tuple(layers)
+        self.index = {layer: i for i, layer in enumerate(self.layers)}
+        pin = self.on_cuda
+        rows = max_batch
 
-    def _allocate(self, layer: int) -> None:
-        pin = self.device.type == "cuda"
-        for name, (shape, dtype) in self._buffer_shapes.items():
-            getattr(self, name)[layer] = torch.zeros(self._max_batch, *shape, dtype=dtype, pin_memory=pin)
+        def staged(*shape, dtype):
+            return torch.zeros(rows, *shape, dtype=dtype, pin_memory=pin)
 
-    def submit(self, layer: int, q: torch.Tensor, pages: torch.Tensor, counts: torch.Tensor, host_k: torch.Tensor,
-               host_v: torch.Tensor, *, scale: float, seq_ids: list[int] | None = None) -> None:
-        """Stage q [B, Hq, D], pages [B, Hkv, C] int32 and counts [B, Hkv] int32 and start the CPU part
-        (seq_ids: named in errors)."""
-        if layer in self._in_flight:
-            raise RuntimeError(f"layer {layer}: a CPU part is already in flight (its result was never collected)")
-        late = self._late.pop(layer, None)
-        if late is not None and not late.done():  # it still reads and writes the old set; its handle keeps it alive
-            self._allocate(layer)
-            self.replaced_buffer_sets += 1
-        batch_size = q.shape[0]
-        q_in, pages_in, counts_in = self.q[layer][:batch_size], self.pages[layer][:batch_size], self.counts[layer][:batch_size]
-        q_in.copy_(q, non_blocking=True)
-        pages_in.copy_(pages, non_blocking=True)
-        counts_in.copy_(counts, non_blocking=True)
-        if not self.health.use_worker():
-            self._in_flight[layer] = (StagedPart(q_in, host_k, host_v, pages_in, counts_in, scale), time.perf_counter())
+        self.q = {layer: staged(num_qo_heads, head_dim, dtype=dtype) for layer in self.layers}  # [Bmax, Hq, D]
+        self.pages = {layer: staged(num_kv_heads, capacity, dtype=torch.int32) for layer in self.layers}  # [Bmax, Hkv, C]
+        self.counts = {layer: staged(num_kv_heads, dtype=torch.int32) for layer in self.layers}  # [Bmax, Hkv]
+        self.out_o = {layer: staged(num_qo_heads, head_dim, dtype=torch.float32) for layer in self.layers}
+        self.out_lse = {layer: staged(num_qo_heads, dtype=torch.float32) for layer in self.layers}  # natural log
+        count = len(self.layers)
+        self.words = torch.zeros(count, WORDS_PER_LAYER, dtype=torch.int32, pin_memory=pin)  # [L, words]
+        # The fallback's result (device): a late worker may still write out_o/out_lse, never these.
+        self.fb_o = torch.zeros(rows, num_qo_heads, head_dim, dtype=torch.float32, device=self.device)
+        self.fb_lse = torch.zeros(rows, num_qo_heads, dtype=torch.float32, device=self.device)
+        self.status = torch.zeros(count, dtype=torch.int32, device=self.device)  # [L] handoff_words.STATUS_*
+        self.ring_ns = torch.zeros(count, dtype=torch.int64, device=self.device)
+        self.wait_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # summed over the step
+        # The CPU device's stream is this thread: it writes the words and statuses through numpy views (host
+        # memory; no tensor op to dispatch, as the kernels that do this on CUDA are none of the layer's ops).
+        self._words_np = self.words.numpy() if not self.on_cuda else None
+        self._status_np = self.status.numpy() if not self.on_cuda else None
+        self._wait_np = self.wait_ns.numpy() if not self.on_cuda else None
+        self._rung_at: dict[int, float] = {}
+        self._last_log, self._unlogged = float("-inf"), {}
+        if worker is not None:
+            for layer in self.layers:
+                worker.register_layer(self.index[layer], LayerPart(
+                    q=self.q[layer], pages=self.pages[layer], counts=self.counts[layer], out_o=self.out_o[layer],
+                    out_lse=self.out_lse[layer], k_cache=host_k[layer], v_cache=host_v[layer],
+                    words=self.words[self.index[layer]], scale=scale))
+
+    def use_worker(self) -> bool:
+        """Whether this step hands its parts to the worker (else BYPASS: device-only), asked once per step."""
+        return self.worker is not None and self.health.use_worker()
+
+    def begin_step(self) -> None:
+        if self.worker is not None:
+            self.worker.kick()  # the worker spins through the step (the device rings without a host call)
+
+    def ring(self, layer: int, plan) -> None:
+        i = self.index[layer]
+        if self.on_cuda:
+            ring_doorbell(plan.header, self.words[i], self.ring_ns[i:i + 1])
             return
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        handle = self.pool.submit_batch(
-            q_in, host_k, host_v, pages_in, counts_in, scale=scale, out_o=self.out_o[layer][:batch_size],
-            out_lse=self.out_lse[layer][:batch_size], seq_ids=seq_ids, layer=layer, ready=ready)
-        self._in_flight[layer] = (handle, time.perf_counter())
+        self._rung_at[i] = time.monotonic()
+        if not plan.bypass:
+            self._words_np[i, ROWS] = plan.rows
+            self._words_np[i, DOORBELL] = plan.seq
+            self.worker.kick()
 
-    def in_flight(self, layer: int) -> bool:
-        return layer in self._in_flight
+    def resolve(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+        """out <- merge of the device part (o, lse) with the layer's CPU part: the worker's, or the fallback's."""
+        self.wait(layer, plan)
+        self.finish(layer, plan, o, lse, out)
 
-    def collect(self, layer: int) -> CpuResult:
-        """The layer's CPU part: the task's result, or the layer's own when the task failed or is not done by
-        its deadline (the task is then left to finish into buffers nobody reads)."""
-        handle, submitted = self._in_flight.pop(layer)
-        if isinstance(handle, StagedPart):
-            o, lse = attend_listed_host_blocks(handle.q, handle.k_cache, handle.v_cache, handle.block_table,
-                                               handle.counts, scale=handle.scale, device=self.device, impl=self.impl)
-            return CpuResult(o, lse, 0.0, "device_only")
-        start = time.perf_counter()
-        cause = None
-        try:
-            self.pool.wait(handle, timeout=max(0.0, submitted + self.deadline_s - start))
-        except TimeoutError:
-            cause, detail = "deadline", f"not done {1e3 * self.deadline_s:g} ms after its submit"
-            self._late[layer] = handle
-        except CpuAttentionError as error:
-            cause, detail = "error", error
-        waited = time.perf_counter() - start
-        self.health.record(cause is not None, cause)
-        batch_size = handle.batch_size
-        if cause is None:
-            o = self.out_o[layer][:batch_size].to(self.device, non_blocking=True)
-            lse = self.out_lse[layer][:batch_size].to(self.device, non_blocking=True)
-            return CpuResult(o, lse, waited, None)
-        self._log_fallback(layer, cause, detail)
-        # The task's own inputs (staged query, lists, counts) and host store: what it would have attended.
-        o, lse = attend_listed_host_blocks(handle.q, handle.k_cache, handle.v_cache, handle.block_table,
-                                           handle.counts, scale=handle.scale, device=self.device, impl=self.impl)
-        return CpuResult(o, lse, waited, cause)
+    def wait(self, layer: int, plan) -> None:
+        """Wait for the worker's DONE (the deadline after the ring): the layer's status. A kernel on CUDA."""
+        i = self.index[layer]
+        if self.on_cuda:
+            wait_cpu_part(plan.header, self.words[i], self.ring_ns[i:i + 1], self.status[i:i + 1],
+                          self.wait_ns[i:i + 1], deadline_ns=int(self.deadline_s * 1e9))
+        else:
+            self._wait_on_host(i, plan)
 
-    def discard(self) -> None:
-        """Drop every submit still in flight (a step that ended early, or closing), each after waiting up to
-        its deadline; one not done by then is left late (its buffers are replaced before reuse)."""
-        for layer in list(self._in_flight):
-            handle, submitted = self._in_flight.pop(layer)
-            if isinstance(handle, StagedPart):
+    def finish(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+        """The fallback where the status is not OK, and the merge into out."""
+        i, rows = self.index[layer], plan.rows
+        status = self.status[i:i + 1]
+        if self.impl == "triton" or self.on_cuda:
+            from scout_sglang.kernels.triton.decode import sparse_decode_triton
+
+            # The fallback, always launched and gated by the status: it attends the staging over the host store
+            # in place where the worker's result is not good, and writes empty results otherwise.
+            sparse_decode_triton(self.q[layer][:rows], self.host_k[layer], self.host_v[layer], self.pages[layer][:rows],
+                                 self.counts[layer][:rows], None, self.fb_o[:rows], self.fb_lse[:rows],
+                                 scale=self.scale, gate=status, workspace=self.workspace)
+        elif self._status_np[i] != STATUS_OK:  # the CPU device's torch path: computed only when needed
+            o_fb, lse_fb = attend_listed_host_blocks(self.q[layer][:rows], self.host_k[layer], self.host_v[layer],
+                                                     self.pages[layer][:rows], self.counts[layer][:rows],
+                                                     scale=self.scale, device=self.device, impl=self.impl)
+            self.fb_o[:rows].copy_(o_fb)
+            self.fb_lse[:rows].copy_(lse_fb)
+        merge_cpu_part(o, lse, self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
+                       self.fb_lse[:rows], status, out, impl=self.merge_impl)
+
+    def _wait_on_host(self, i: int, plan) -> None:
+        """The CPU device: the engine's thread waits on DONE, as the wait kernel does on CUDA."""
+        start = time.monotonic()
+        if plan.bypass:
+            code = STATUS_DEVICE_ONLY
+        else:
+            code = self.worker.wait_done(i, plan.seq, self._rung_at[i] + self.deadline_s - start)
+        self._wait_np[i] += int(1e9 * (time.monotonic() - start))
+        self._status_np[i] = code
+
+    def step_outcomes(self, statuses: list[int], rids: list[int]) -> dict[str, int]:
+        """After the step's one read of the statuses: feed the health circuit, log fallbacks (rate-limited, naming
+        the layer, the cause and, for an error, the request) -> {cause: layers}."""
+        fallbacks = {}
+        for layer, code in zip(self.layers, statuses):
+            if code == STATUS_DEVICE_ONLY:
+                fallbacks["device_only"] = fallbacks.get("device_only", 0) + 1
                 continue
-            try:
-                self.pool.wait(handle, timeout=max(0.0, submitted + self.deadline_s - time.perf_counter()))
-            except TimeoutError:
-                self._late[layer] = handle
-            except Exception:  # noqa: BLE001 - its result is dropped anyway
-                pass
+            failed = code != STATUS_OK
+            cause = CAUSE_OF_STATUS.get(code)
+            self.health.record(failed, cause)
+            if failed:
+                fallbacks[cause] = fallbacks.get(cause, 0) + 1
+                self._log_fallback(layer, cause, rids)
+        return fallbacks
 
-    def _log_fallback(self, layer: int, cause: str, detail) -> None:
+    def _log_fallback(self, layer: int, cause: str, rids: list[int]) -> None:
         """A warning at most every LOG_INTERVAL_S, with the fallbacks by cause since the previous one."""
         self._unlogged[cause] = self._unlogged.get(cause, 0) + 1
         now = time.monotonic()
         if now - self._last_log < LOG_INTERVAL_S:
             return
         counts = ", ".join(f"{name} {count}" for name, count in sorted(self._unlogged.items()))
+        detail = f"not done {1e3 * self.deadline_s:g} ms after its ring"
+        if cause == "error":
+            row = int(self.words[self.index[layer], ERROR_ROW])
+            error = getattr(self.worker, "errors", {}).get(self.index[layer], "")
+            who = f"sequence {rids[row]}" if 0 <= row < len(rids) else "a padding row"
+            detail = f"{who}, layer {layer}: {error}"
         logger.warning("scout: the CPU part of layer %d was computed by the layer itself (%s: %s); fallbacks since "
                        "the last message: %s", layer, cause, detail, counts)
         self._last_log, self._unlogged = now, {}

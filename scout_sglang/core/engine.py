@@ -8,16 +8,15 @@ the HF reference decoder) calls, per decode step:
                   o = attend(i, q, k_new, v_new)
     telemetry = end_step()                       # one read of the step's counters
 
-`begin_step` allocates pages and builds a StepPlan (step_plan.py): every
-per-request quantity as a device tensor. `predict` and `attend` are then a
-fixed sequence of tensor ops per layer whatever the batch size and head
-count, with no device value read back and no Python loop over requests,
-heads or blocks: selection, the resident first fill and recall (recall.py),
-the split into device and CPU blocks, the CPU hand-off (cpu_handoff.py), the
-device sparse decode and the merge. Counters accumulate in a device tensor
-read once in `end_step`, which also copies the blocks completed in the step
-to the host store (they stay in the local window until then, so nothing reads
-them from the host before).
+`begin_step` allocates pages and writes the StepPlan (step_plan.py) into its
+static device buffer. `predict` and `attend` are then a fixed sequence of fused
+stages per layer (layer_stages.py) over that plan and the engine's static
+buffers (step_buffers.py), whatever the batch size and head count: no device
+value is read back, nothing is allocated, no Python loops over requests, heads
+or blocks, and the CPU part is handed off through control words the device
+writes (cpu_handoff.py), so a CUDA graph can capture the whole step. Counters
+and the hand-off's statuses accumulate in device tensors read once, in
+`end_step`.
 
 Every decision of a step (window, forced blocks, selection, CPU set) uses the
 counts after the step's token is appended, so the device part and the CPU part
@@ -27,31 +26,34 @@ are always disjoint and together cover the selection.
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
-from scout_sglang import kernels
 from scout_sglang.config import ScoutConfig
-from scout_sglang.core import recall
 from scout_sglang.core.cpu_handoff import CpuHandoff
+from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.shape import ModelShape
-from scout_sglang.core.step_plan import PlanTransfer, StepPlan, bucket, pad_where, plan_fields, ring_index
+from scout_sglang.core.step_buffers import StepBuffers
+from scout_sglang.core.step_plan import (
+    PlanBuffer,
+    StepPlan,
+    bucket,
+    header_words,
+    plan_fields,
+)
 from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
-from scout_sglang.core.timing import SectionTimer
-from scout_sglang.core.trace import DecisionTrace, LayerDecision, full_layer_decision, offloaded_layer_decision
+from scout_sglang.core.trace import (
+    DecisionTrace,
+    full_layer_decision,
+    offloaded_layer_decision,
+)
 from scout_sglang.env import DEFAULT_CPU_DEADLINE_MS
+from scout_sglang.kernels.step_counters import COUNTER_NAMES
 from scout_sglang.layout import PAD_BLOCK
 
-RESIDENT_MODES = ("scout", "infinigen")
-CPU_MODES = ("scout", "hgca")
-# Columns of the per-layer counters (a device tensor [layers, 6], read once per step).
-SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED = range(6)
-COUNTER_NAMES = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks",
-                 "compared_blocks")
+SEQ_LIMIT = 2**31 - 2  # step sequence numbers wrap below int32's range, never 0 (a word's initial value)
 
 
 @dataclass
@@ -62,32 +64,6 @@ class RequestState:
     steps: int = 0  # decode steps completed
 
 
-class FrontResult(NamedTuple):
-    """What an offloaded layer decides before its attention (device tensors; None where the mode has none)."""
-
-    selected: torch.Tensor  # [B, Hkv, K] int32 logical blocks, best first, PAD past counts
-    counts: torch.Tensor  # [B, Hkv] int32
-    scores: torch.Tensor  # [B, Hkv, NB] fp32
-    fill_moves: object  # recall.RecallMoves of the first fill
-    recall_moves: object  # recall.RecallMoves of infinigen's recall
-    cpu_blocks: torch.Tensor | None  # [B, Hkv, C] int32 logical, PAD past cpu_counts
-    cpu_counts: torch.Tensor | None  # [B, Hkv] int32
-    cpu_pages: torch.Tensor | None  # [B, Hkv, C] int32 host pages of cpu_blocks
-
-
-@dataclass
-class LayerSelection:
-    """Selection of one offloaded layer in the current step (device tensors)."""
-
-    selected: torch.Tensor  # [B, Hkv, K] int32 logical blocks, best first, PAD past counts
-    counts: torch.Tensor  # [B, Hkv] int32
-    scores: torch.Tensor  # [B, Hkv, NB] fp32
-    cpu_blocks: torch.Tensor | None = None  # [B, Hkv, C] logical, PAD past cpu_counts
-    cpu_counts: torch.Tensor | None = None
-    launched: bool = False  # a CPU part is in flight for this layer
-    query: torch.Tensor | None = None  # [B, Hq, D] the query it was made with (predicted or real)
-
-
 class CoAttentionEngine:
     """Block state, selection, CPU attention, merge and recall for every layer.
 
@@ -96,29 +72,32 @@ class CoAttentionEngine:
     config : ScoutConfig
     shape : ModelShape
     device, dtype : where and in which dtype the device-side KV lives
-    max_requests : concurrent requests (request slots)
+    max_requests : concurrent requests (request slots), and the largest step (rows)
     max_tokens_per_request : sizes the per-request page tables (and the stores, unless total_pages is given)
     total_pages : overrides the store sizing with a page count for all requests together
-    cpu_pool : a CpuAttentionPool to use; None creates one when the mode needs it
-    track_changes : compute the block change rate (costs a few ops per layer)
+    cpu_worker : the CPU part's worker (a cpu_worker NativeWorkerPool or FlagWorker) to use; None creates one when
+        the mode needs it; False: none, every CPU part is computed on the device (sizing, tests)
+    track_changes : compute the block change rate (one more comparison in the select stage)
     trace : record every decision in `self.trace` (a DecisionTrace) for tests; off costs nothing
     fixed_widths : page tables of a step at their full capacity (what a CUDA graph captures) instead of
         the next power of two of the batch's longest request; default: on for CUDA
-    cpu_deadline_ms : how long after its submit a layer waits for its CPU part before computing it itself
+    cpu_deadline_ms : how long after its ring a layer waits for its CPU part before computing it itself
         (exactly, from the host store: cpu_handoff.py); the server passes SCOUT_CPU_DEADLINE_MS
-    cpu_faults : a cpu_worker.faults.FaultPlan for the pool this engine creates (tests only; None: no faults)
+    cpu_faults : a cpu_worker.faults.FaultPlan for the worker this engine creates (tests only; None: no faults)
     cpu_health : when the CPU worker is given work (cpu_health.CpuWorkerHealth; None: one of its defaults)
-    cpu_set : the CPUs the pool this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
-        None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one group per `cpu_threads_per_group` of them
+    cpu_set : the CPUs the worker this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
+        None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one thread per `cpu_threads_per_group` of them
     host_store : a stores.BorrowedHostStore to keep the full blocks of the offloaded layers in (its owner assigns
         each block's page: assign_host_pages); None: the engine allocates its own host store
+    replay_launches : on the Triton path, replay each layer's recorded launches instead of running the stage
+        code that makes them (launch_program.py); False runs the stage code every step
     """
 
     def __init__(self, config: ScoutConfig, shape: ModelShape, *, device="cpu", dtype=torch.bfloat16,
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
-                 cpu_pool=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
+                 cpu_worker=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
                  cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None,
-                 cpu_set=None, host_store=None):
+                 cpu_set=None, host_store=None, replay_launches: bool = True):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -127,6 +106,7 @@ class CoAttentionEngine:
         self.device, self.dtype = torch.device(device), dtype
         self.block_size = config.block_size
         self.track_changes = track_changes
+        self.replay_launches = replay_launches
         self.fixed_widths = self.device.type == "cuda" if fixed_widths is None else fixed_widths
         offloaded = config.mode in RESIDENT_MODES + CPU_MODES
         self.offloaded_layers = tuple(l for l in range(shape.num_layers) if offloaded and l not in config.dense_layers)
@@ -145,54 +125,87 @@ class CoAttentionEngine:
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
-        self._own_pool = cpu_pool is None and config.mode in CPU_MODES
-        self.cpu_pool = self._make_pool(cpu_faults, cpu_set) if self._own_pool else cpu_pool
-        # The device part's kernel reads its block counts on the device (Triton on CUDA): FlashInfer's
-        # decode wrapper plans from host-side lengths, which per-layer, per-head lists would need each layer.
-        self._decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
-        self._handoff = None
-        if config.mode in CPU_MODES:
-            self._handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
-                                       num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                                       capacity=config.cpu_capacity, dtype=dtype, pool=self.cpu_pool,
-                                       device=self.device, deadline_s=cpu_deadline_ms / 1e3, impl=self._decode_impl,
-                                       health=cpu_health)
-        self._offloaded_index = {layer: i for i, layer in enumerate(self.offloaded_layers)}
-        self._selects = [l for l in self.offloaded_layers] + (
+        # Device ops: the fused stages run Triton on CUDA and torch on the CPU, unless the configuration names
+        # one (Triton on the CPU runs in its interpreter: the tests count what a GPU would launch that way).
+        # The device part's decode reads its per-head counts on the device: Triton on CUDA (FlashInfer's decode
+        # wrapper plans from host-side lengths), unless SCOUT_KERNEL_IMPL names another.
+        self.stage_impl = None if config.kernel_impl == "flashinfer" else config.kernel_impl
+        self.decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
+        self._selects = list(self.offloaded_layers) + (
             [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])
-        self._recall_capacity = config.recall_capacity(shape.num_kv_heads, max_requests)
-        self._counters = torch.zeros(shape.num_layers, len(COUNTER_NAMES), dtype=torch.int64, device=self.device)
-        self._previous = {layer: torch.full((max_requests, shape.num_kv_heads, config.topk_blocks), PAD_BLOCK,
-                                            dtype=torch.int32, device=self.device)
-                          for layer in (self._selects if track_changes else ())}
-        self._plan_transfer = PlanTransfer(self.device)
+        self.previous = {layer: torch.full((max_requests + 1, shape.num_kv_heads, config.topk_blocks), PAD_BLOCK,
+                                           dtype=torch.int32, device=self.device)
+                         for layer in (self._selects if track_changes else ())}
+        window = config.sink_blocks + config.local_blocks + 1
+        self.buffers = StepBuffers(max_batch=max_requests, num_layers=shape.num_layers,
+                                   num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads,
+                                   head_dim=shape.head_dim, max_blocks=self.max_blocks, topk=config.topk_blocks,
+                                   cpu_capacity=config.cpu_capacity, device_width=self.offloaded.resident_blocks + window,
+                                   dtype=dtype, device=self.device)
+        self.buffers.workspace = self._decode_workspace(window)
+        self._own_worker = cpu_worker is None and config.mode in CPU_MODES and bool(self.offloaded_layers)
+        self.cpu_worker = self._make_worker(cpu_faults, cpu_set) if self._own_worker else (cpu_worker or None)
+        self.handoff = None
+        if config.mode in CPU_MODES and self.offloaded_layers:
+            self.handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
+                                      num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                                      capacity=config.cpu_capacity, dtype=dtype, device=self.device,
+                                      host_k=self.offloaded.host_k, host_v=self.offloaded.host_v,
+                                      scale=shape.softmax_scale, worker=self.cpu_worker,
+                                      deadline_s=cpu_deadline_ms / 1e3, impl=self.decode_impl, health=cpu_health,
+                                      workspace=self.buffers.workspace)
+        self._plan_buffer = PlanBuffer(self.device, max_requests, self._max_plan_width(window))
+        self.stages = LayerStages(self)
         self.plan: StepPlan | None = None
         self._batch: list[RequestState] = []
-        self._selection: dict[int, LayerSelection] = {}
+        self._predicted: set[int] = set()
         self.telemetry: StepTelemetry | None = None
         self._step_index = 0
-        # Recall copies run on a side stream on CUDA; layer i awaits its event
-        # only when it next attends (next step for scout, this step for infinigen).
-        self._recall_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._recall_events: dict[int, object] = {}
-        self._timer = SectionTimer(self.device)
+        self._seq = 0
         self.trace: DecisionTrace | None = DecisionTrace() if trace else None
 
-    def _make_pool(self, faults, cpu_set):
-        from scout_sglang.cpu_worker import CpuAttentionPool
+    def _decode_workspace(self, window: int) -> torch.Tensor | None:
+        """The Triton decode's split partials, one static buffer for every layer (None where torch decodes)."""
+        if self.decode_impl != "triton" and not (self.device.type == "cuda" and self.config.mode in CPU_MODES):
+            return None
+        from scout_sglang.kernels.triton.decode import workspace_size
 
-        cpus = len(cpu_set) if cpu_set is not None else len(os.sched_getaffinity(0))
-        groups = self.config.cpu_groups or max(1, cpus // self.config.cpu_threads_per_group)
-        return CpuAttentionPool(groups, self.config.cpu_threads_per_group,
-                                pin_cores="auto" if self.config.cpu_pin_cores else None, cpu_set=cpu_set,
-                                impl=self.config.cpu_impl, faults=faults)
+        shape, config = self.shape, self.config
+        capacities = {self.max_blocks, config.topk_blocks + 1, self.offloaded.resident_blocks + window,
+                      config.cpu_capacity}
+        words = workspace_size(self.max_requests, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
+                               self.block_size, sorted(capacities))
+        return torch.empty(max(words, 1), dtype=torch.float32, device=self.device)
+
+    def _max_plan_width(self, window: int) -> int:
+        """Columns of the widest step plan (step_plan.plan_fields): its buffer is allocated once."""
+        width = 5  # slots, num_tokens, num_full, last_len, append_offset
+        if self.offloaded_layers:
+            width += self.max_blocks + 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
+            width += len(self.offloaded_layers)  # recall_due
+        if self.full_layers:
+            width += self.max_blocks + 3
+        return width
+
+    def _make_worker(self, faults, cpu_set):
+        """The native pool (C++ threads, no GIL) unless cpu_impl asks for torch or it cannot be built; then the
+        Python reference worker."""
+        from scout_sglang.cpu_worker import native_pool
+        from scout_sglang.cpu_worker.flag_worker import FlagWorker
+
+        cpus = sorted(cpu_set) if cpu_set is not None else sorted(os.sched_getaffinity(0))
+        threads = self.config.cpu_groups or max(1, len(cpus) // self.config.cpu_threads_per_group)
+        impl, pin = self.config.cpu_impl, self.config.cpu_pin_cores
+        if impl != "torch" and native_pool.available():
+            return native_pool.NativeWorkerPool(threads=threads, cpus=cpus, pin=pin, faults=faults)
+        if impl == "native":
+            raise RuntimeError("cpu_impl='native' was requested but the native CPU worker pool does not build here")
+        return FlagWorker(threads=threads, impl=impl, cpus=cpus, pin=pin, faults=faults)
 
     def close(self) -> None:
-        if self._handoff is not None:
-            self._handoff.discard()
-        if self._own_pool and self.cpu_pool is not None:
-            self.cpu_pool.shutdown()
-            self.cpu_pool = None
+        if self._own_worker and self.cpu_worker is not None:
+            self.cpu_worker.shutdown()
+            self.cpu_worker = None
 
     # -- requests ------------------------------------------------------------
     def add_request(self, rid: int) -> None:
@@ -203,7 +216,7 @@ class CoAttentionEngine:
         state = RequestState(rid, self._free_slots.pop())
         if self.offloaded_layers:
             self.offloaded.admit(rid, state.slot)
-        for previous in self._previous.values():
+        for previous in self.previous.values():
             previous[state.slot] = PAD_BLOCK
         self.requests[rid] = state
 
@@ -227,13 +240,13 @@ class CoAttentionEngine:
         """The CPU worker's health (cpu_health.py): whether decoding is device-only now, how often it went
         device-only, the pool's thread groups replaced after a thread ended, and the CPUs its threads may run on
         (read back from the OS); None without a CPU part."""
-        if self._handoff is None:
+        if self.handoff is None:
             return None
-        health = self._handoff.health
-        thread_cpus = getattr(self.cpu_pool, "thread_cpus", None)
+        health, worker = self.handoff.health, self.cpu_worker
+        thread_cpus = getattr(worker, "thread_cpus", None)
         return {"device_only": health.device_only, "device_only_switches": health.switches,
-                "replaced_thread_groups": getattr(self.cpu_pool, "replaced_groups", 0),
-                "threads": len(getattr(self.cpu_pool, "threads", ())),
+                "replaced_thread_groups": getattr(worker, "replaced_threads", 0),
+                "threads": len(getattr(worker, "threads", ())),
                 "cpus": thread_cpus() if thread_cpus is not None else []}
 
     def usage(self) -> dict:
@@ -327,64 +340,53 @@ class CoAttentionEngine:
         return k, v
 
     # -- one decode step: plan ---------------------------------------------------
-    def begin_step(self, rids: list[int]) -> StepPlan:
-        """Plan the step of these requests (pages, metadata, window admission); returns the plan."""
-        if self._handoff is not None:
-            self._handoff.discard()  # a step that ended early left CPU parts in flight
+    def begin_step(self, rids: list[int], *, rows: int | None = None) -> StepPlan:
+        """Plan the step of these requests (pages, metadata); returns the plan.
+
+        rows : the rows the layers will run (a captured graph's batch size); the ones past the requests are
+            padding (default: one per request)"""
+        rows = len(rids) if rows is None else rows
+        if rows < len(rids) or rows > self.max_requests:
+            raise ValueError(f"a step of {len(rids)} requests cannot run {rows} rows (max_requests "
+                             f"{self.max_requests})")
         self._batch = [self.requests[rid] for rid in rids]
-        self._selection = {}
+        self._predicted = set()
         for state in self._batch:
             after = state.num_tokens + 1
             if self.full_layers:
                 self.full_store.ensure_tokens(state.rid, state.slot, after)
             if self.offloaded_layers:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
-        self.plan = self._build_plan()
-        if self.config.mode in RESIDENT_MODES and self.offloaded.resident_blocks:
-            self._admit_leaving_blocks()
+        self._seq = self._seq % SEQ_LIMIT + 1
+        bypass = self.handoff is not None and not self.handoff.use_worker()
+        self.plan = self._build_plan(rows, bypass)
+        if self.handoff is not None:
+            self.handoff.begin_step()
         self.telemetry = StepTelemetry(self._step_index, len(rids))
         if self.trace is not None:
-            self.trace.begin_step({layer: self.offloaded.resident_map[layer][self.plan.slots]
-                                   for layer in self.offloaded_layers})
+            self.trace.begin_step()
         return self.plan
 
-    def _build_plan(self) -> StepPlan:
-        batch = self._batch
-        fields, filled = plan_fields(
-            [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch],
-            config=self.config, num_kv_heads=self.shape.num_kv_heads, width=self._width,
+    def _build_plan(self, rows: int, bypass: bool) -> StepPlan:
+        batch, config = self._batch, self.config
+        fields = plan_fields(
+            [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch], rows=rows,
+            padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads, width=self._width,
             offloaded=self.offloaded if self.offloaded_layers else None,
-            full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers)
-        on_device = self._plan_transfer({name: t.to(torch.int32) for name, t in fields.items()})
-        plan = StepPlan(batch_size=len(batch), rids=[s.rid for s in batch], filled=filled, **on_device)
-        plan.slots = plan.slots.long()
-        if plan.recall_due is not None:
-            plan.recall_due = plan.recall_due != 0
+            full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
+            recall_quota=config.recall_quota)
+        header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
+        heads = self.shape.num_kv_heads
+        plan = StepPlan(batch_size=len(batch), rows=rows, rids=[s.rid for s in batch], seq=self._seq, bypass=bypass,
+                        header=header, slots_long=views["slots"].long(),
+                        last_len_heads=views["last_len"].unsqueeze(1).expand(rows, heads), **views)
+        if plan.full_table is not None:
+            plan.full_lists = plan.full_table.unsqueeze(1).expand(rows, heads, -1)
+            plan.full_counts = plan.num_blocks.unsqueeze(1).expand(rows, heads)
         return plan
 
     def _width(self, needed: int) -> int:
         return self.max_blocks if self.fixed_widths else bucket(needed, self.max_blocks)
-
-    def _admit_leaving_blocks(self) -> None:
-        """The block that leaves the local window in this step enters the resident buffer
-        before anything is selected, so it is never attended on the CPU in that step.
-        Its ring page is still intact: the ring is overwritten one block later."""
-        store, size, local, sink = self.offloaded, self.block_size, self.config.local_blocks, self.config.sink_blocks
-        leaving = {b: (s.num_tokens + 1) // size - 1 - local for b, s in enumerate(self._batch)
-                   if (s.num_tokens + 1) % size == 0 and (s.num_tokens + 1) // size - 1 - local >= sink}
-        if not leaving:
-            return
-        slots = torch.tensor([self._batch[b].slot for b in leaving], dtype=torch.long)
-        blocks = torch.tensor(list(leaving.values()), dtype=torch.long)
-        pages = store.window_page_table[slots].gather(1, ring_index(blocks, sink, local).view(-1, 1)).view(-1)
-        slots_dev, blocks_dev = slots.to(self.device), blocks.to(self.device)
-        pages_dev, resident_pages = pages.long().to(self.device), store.resident_page_table[slots].to(self.device)
-        for layer in self.offloaded_layers:
-            new_rows, moves = recall.admit_leaving(store.resident_map[layer][slots_dev], blocks_dev, pages_dev,
-                                                   resident_pages, dst_scratch=store.device_scratch_page)
-            recall.copy_moves(moves, store.dev_k[layer], store.dev_v[layer], store.dev_k[layer], store.dev_v[layer],
-                              dst_scratch=store.device_scratch_page)
-            store.resident_map[layer].index_copy_(0, slots_dev, new_rows)
 
     # -- one decode step: run, per layer -------------------------------------------
     def wants_prediction(self, layer: int) -> bool:
@@ -393,54 +395,39 @@ class CoAttentionEngine:
                 and layer in self.offloaded_layers)
 
     def predict(self, layer: int, q_pred: torch.Tensor) -> None:
-        """Layer-ahead work of `layer` from its predicted query [B, Hq, D] (Algorithm 1).
+        """Layer-ahead work of `layer` from its predicted query [rows, Hq, D] (Algorithm 1).
 
-        scout: select, split off the resident blocks, launch the CPU attention.
+        scout: select, fill, split off the resident blocks, ring the CPU part.
         infinigen: select and recall the selected blocks into the resident buffer.
         """
         if not self.wants_prediction(layer) or self.plan is None:  # no step planned: nothing to predict for
             return
-        self._selection[layer] = self._prepare(layer, q_pred)
-        if self.config.mode == "scout":
-            self.telemetry.layer(layer).cpu_launched_ahead = True
+        self.stages.front(layer, q_pred, trace=self.trace)
+        self._predicted.add(layer)
 
-    def attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-        """Append the step's K/V [B, Hkv, D] to `layer` and return its attention output [B, Hq, D]."""
-        self._await_recall(layer)
+    def attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """Append the step's K/V [rows, Hkv, D] to `layer` and return its attention output [rows, Hq, D] (into
+        `out` when given: a captured graph's static buffer)."""
+        out = torch.empty_like(q) if out is None else out
         if layer in self.full_layers:
-            with self._timer.section(self.telemetry, "device_attention"):
-                o, selected, counts = self._run_full(layer, q, k_new, v_new)
+            selects = layer in self._selects
+            self.stages.attend_full(layer, q, k_new, v_new, out, selects=selects)
             if self.trace is not None:
-                self._trace_full(layer, selected, counts)
-            return o
-        selection = self._selection.get(layer)
-        if selection is None:  # nothing launched ahead: same-layer path with the real query
-            selection = self._selection[layer] = self._prepare(layer, q)
-            self._await_recall(layer)
-        with self._timer.section(self.telemetry, "device_attention"):
-            o, lse = self._run_device_part(layer, q, k_new, v_new, selection.selected)
-        traced = self._trace_offloaded(layer, selection) if self.trace is not None else None
-        if selection.launched:
-            cpu = self._handoff.collect(layer)  # a failed or late task: computed here, exactly
-            self.telemetry.layer(layer).cpu_wait_s += cpu.waited_s
-            self.telemetry.add_time("cpu_wait", cpu.waited_s)
-            if cpu.fallback is not None:
-                self.telemetry.count_fallback(cpu.fallback)
-            with self._timer.section(self.telemetry, "merge"):
-                o = self._run_merge(o, lse, cpu.o, cpu.lse)
-        if self.config.mode == "scout" and self.config.recall_policy != "off" and self.offloaded.resident_blocks:
-            self._issue_copies(layer, self._run_recall(layer, selection.selected, selection.counts, selection.scores,
-                                                       selection.cpu_blocks, selection.cpu_counts))
+                self.trace.record(full_layer_decision(self, layer, selects))
+            return out
+        if layer not in self._predicted:  # nothing launched ahead: the front with the real query, same layer
+            self.stages.front(layer, q, trace=self.trace)
+        traced = offloaded_layer_decision(self, layer) if self.trace is not None else None
+        self.stages.attend_offloaded(layer, q, k_new, v_new, out)
         if traced is not None:
             traced.resident_after = self._resident_rows(layer) if self.config.mode in RESIDENT_MODES else None
             self.trace.record(traced)
-        return o
+        return out
 
     def end_step(self) -> StepTelemetry:
         """Commit the step: every request of the batch now holds one more token."""
-        self._copy_filled_blocks()
-        counters = self._counters.tolist()  # the step's one read of device values
-        self._counters.zero_()
+        counters, statuses, waits = self._read_step_words()  # the step's one read of device values
         budget = self.config.topk_blocks * self.shape.num_kv_heads * len(self._batch)
         for layer in self._selects:
             stats = self.telemetry.layer(layer)
@@ -449,239 +436,40 @@ class CoAttentionEngine:
             stats.budget_blocks += budget
             if layer in self.offloaded_layers:
                 stats.recall_bytes += stats.recalled_blocks * self.offloaded.block_bytes_per_head(layer)
+        if self.handoff is not None:
+            for layer, wait_ns in zip(self.handoff.layers, waits):
+                self.telemetry.layer(layer).cpu_launched_ahead = layer in self._predicted
+                self.telemetry.layer(layer).cpu_wait_s += wait_ns / 1e9
+                self.telemetry.add_time("cpu_wait", wait_ns / 1e9)
+            for cause, count in self.handoff.step_outcomes(statuses, self.plan.rids).items():
+                self.telemetry.cpu_fallbacks[cause] = self.telemetry.cpu_fallbacks.get(cause, 0) + count
         for state in self._batch:
             state.num_tokens += 1
             state.steps += 1
         self._step_index += 1
-        self._timer.resolve(self.telemetry)
         telemetry, self.telemetry = self.telemetry, None
-        self._batch, self._selection, self.plan = [], {}, None
+        self._batch, self._predicted, self.plan = [], set(), None
         return telemetry
-    def _copy_filled_blocks(self) -> None:
-        """Host copies of the blocks completed in this step, every offloaded layer (once per step)."""
-        if not self.plan.filled or not self.offloaded_layers:
-            return
-        store = self.offloaded
-        pages = torch.tensor([page for page, _, _ in self.plan.filled], dtype=torch.long, device=self.device)
-        rows = torch.tensor([row for _, row, _ in self.plan.filled], dtype=torch.long)
-        for side_dev, side_host in ((store.dev_k, store.host_k), (store.dev_v, store.host_v)):
-            staged = torch.stack([side_dev[layer].index_select(0, pages) for layer in self.offloaded_layers]).cpu()
-            for i, layer in enumerate(self.offloaded_layers):
-                side_host[layer].index_copy_(0, rows, staged[i])
 
-    # -- internals: eager orchestration around the per-layer programs ------------------
-    def _prepare(self, layer, q) -> LayerSelection:
-        """Select; first fill (resident modes); infinigen's recall; the CPU launch (CPU modes)."""
-        with self._timer.section(self.telemetry, "select"):
-            front = self._run_front(layer, q)
-        self._issue_copies(layer, front.fill_moves)
-        self._issue_copies(layer, front.recall_moves)
-        selection = LayerSelection(front.selected, front.counts, front.scores, front.cpu_blocks, front.cpu_counts,
-                                   query=q)
-        if self.config.mode in CPU_MODES:
-            store = self.offloaded
-            self._handoff.submit(layer, q, front.cpu_pages, front.cpu_counts, store.host_k[layer], store.host_v[layer],
-                                 scale=self.shape.softmax_scale, seq_ids=self.plan.rids)
-            selection.launched = True
-        return selection
-
-    def _issue_copies(self, layer, moves) -> None:
-        """The layer's recall copies, host (or window) -> resident pages: one launch per store, a side stream on CUDA."""
-        if moves is None:
-            return
-        store = self.offloaded
-        with self._recall_copies():
-            recall.copy_moves(moves, store.host_k[layer], store.host_v[layer], store.dev_k[layer], store.dev_v[layer],
-                              dst_scratch=store.device_scratch_page)
-        self._recall_issued(layer)
-
-    # -- the per-layer programs: tensor ops only, no host reads, no Python loop over the batch ------------
-    # These are what torch.compile(fullgraph=True) traces and a CUDA graph captures; the hand-off to the
-    # CPU pool and the recall copies run between them (tests/test_layer_programs.py).
-    def _run_full(self, layer, q, k_new, v_new):
-        """Device-full layer: append, then dense attention (quest: its selection plus the tail) -> (o, selected, counts)."""
-        plan, store, size = self.plan, self.full_store, self.block_size
-        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
-        store_k, store_v = store.k[layer], store.v[layer]
-        store_k[plan.full_append_page, :, plan.append_offset] = k_new.to(store_k.dtype)
-        store_v[plan.full_append_page, :, plan.append_offset] = v_new.to(store_v.dtype)
-        if layer in store.digest_min:  # quest: the page the token completes gets its digest, others go to scratch
-            kernels.update_digests(store_k, plan.full_append_page, store.digest_min[layer], store.digest_max[layer],
-                                   rows=plan.fill_full_row, impl=self.config.kernel_impl)
-        selected = counts = None
-        if self.config.mode == "quest" and layer not in self.config.dense_layers:
-            selected, counts, _ = self._select(layer, q, store.digest_min[layer], store.digest_max[layer],
-                                               plan.full_table)
-            pages = plan.full_table.gather(1, selected.clamp(min=0).view(batch_size, -1).long()).view_as(selected)
-            last_column = plan.full_table.shape[1] - 1
-            tail_page = plan.full_table.gather(1, plan.num_full.clamp(max=last_column).view(-1, 1).long())
-            pages = torch.cat([pages, tail_page.view(batch_size, 1, 1).expand(batch_size, num_kv_heads, 1)], dim=2)
-            has_tail = (plan.num_tokens % size != 0).view(batch_size, 1, 1).expand(batch_size, num_kv_heads, 1)
-            table, list_counts = compact_lists(pages, torch.cat([selected != PAD_BLOCK, has_tail], dim=2))
-        else:
-            table, list_counts = plan.full_lists, plan.full_counts
-        o, _ = kernels.sparse_decode(q.contiguous(), store_k, store_v, table, list_counts,
-                                     scale=self.shape.softmax_scale, last_block_len=plan.last_len_heads,
-                                     impl=self._decode_impl,
-                                     validate=False)
-        return o, selected, counts
-
-    def _select(self, layer, q, digest_min, digest_max, table):
-        """Scores and top-k over the full blocks of each request (forced sink/local) -> (selected, counts, scores)."""
-        plan = self.plan
-        scores = kernels.score_blocks(q.to(digest_min.dtype).contiguous(), digest_min, digest_max, table,
-                                      plan.num_full, impl=self.config.kernel_impl, validate=False)
-        selected, counts = kernels.select_topk(scores, plan.num_full, topk=self.config.topk_blocks,
-                                               num_sink_blocks=self.config.sink_blocks,
-                                               num_local_blocks=self.config.local_blocks)
-        self._counters[layer, SELECTED] += counts.sum()
-        if self.track_changes:
-            self._count_changes(layer, selected)
-        return selected, counts, scores
-
-    def _run_front(self, layer, q) -> FrontResult:
-        """An offloaded layer before its attention: selection, the resident first fill and infinigen's recall
-        (decided, map updated; copies returned), and the CPU lists of the CPU modes."""
-        store, plan, mode = self.offloaded, self.plan, self.config.mode
-        selected, counts, scores = self._select(layer, q, store.digest_min[layer], store.digest_max[layer],
-                                                plan.host_table)
-        fill_moves = recall_moves = cpu_blocks = cpu_counts = cpu_pages = None
-        if mode in RESIDENT_MODES and store.resident_blocks:
-            ready = store.resident_ready[layer]
-            pending = ~ready[plan.slots] & (plan.num_full > 0)  # first time this (request, layer) has a selection
-            candidates = torch.where(pending.view(-1, 1, 1), self._unforced(selected), PAD_BLOCK)
-            fill_moves = self._bring_in(layer, candidates, selected, None)
-            ready.index_copy_(0, plan.slots, ready[plan.slots] | pending)
-        if mode == "infinigen" and store.resident_blocks:
-            candidates = self._unforced(selected)
-            recall_moves = self._bring_in(layer, candidates, selected, scores)
-            self._counters[layer, RECALLED] += recall_moves.moved.sum()
-            resident = store.resident_map[layer][plan.slots]
-            self._counters[layer, DROPPED] += ((candidates != PAD_BLOCK) & ~recall.contains(candidates, resident)).sum()
-        if mode in CPU_MODES:
-            cpu_blocks, cpu_counts, cpu_pages = self._split(layer, selected, counts)
-        return FrontResult(selected, counts, scores, fill_moves, recall_moves, cpu_blocks, cpu_counts, cpu_pages)
-
-    def _unforced(self, selected):
-        """Selected blocks that the window does not hold, PAD elsewhere."""
-        return torch.where(recall.contains(selected, self.plan.forced_heads), PAD_BLOCK, selected)
-
-    def _bring_in(self, layer, candidates, selected, scores) -> recall.RecallMoves:
-        """Decide which candidates enter the resident buffer, update its map; the copies are returned."""
-        store, plan = self.offloaded, self.plan
-        decision = recall.bring_in(store.resident_map[layer][plan.slots], candidates, selected, scores,
-                                   self._recall_capacity)
-        store.resident_map[layer].index_copy_(0, plan.slots, decision.resident)
-        return recall.compact_moves(decision, candidates, plan.host_table, plan.resident_pages,
-                                    capacity=self._recall_capacity, src_scratch=store.host_scratch_page,
-                                    dst_scratch=store.device_scratch_page)
-
-    def _split(self, layer, selected, counts):
-        """CPU lists: selected blocks the device does not hold -> (logical blocks, counts, host pages)."""
-        plan, store = self.plan, self.offloaded
-        batch_size, num_kv_heads = plan.batch_size, self.shape.num_kv_heads
-        held = plan.forced_heads
-        if self.config.mode in RESIDENT_MODES:
-            held = torch.cat([held, store.resident_map[layer][plan.slots]], dim=2)
-        held_counts = torch.full((batch_size, num_kv_heads), held.shape[2], dtype=torch.int32, device=self.device)
-        split = kernels.split_selection(selected, counts, held, held_counts,
-                                        capacity=self.config.cpu_capacity)
-        self._counters[layer, CPU] += split.counts.sum()
-        self._counters[layer, DROPPED] += split.dropped.sum()
-        pages = plan.host_table.gather(1, split.blocks.clamp(min=0).view(batch_size, -1).long()).view_as(split.blocks)
-        return split.blocks, split.counts, pad_where(split.blocks != PAD_BLOCK, pages)
-
-    def _run_device_part(self, layer, q, k_new, v_new, selected):
-        """An offloaded layer's device part: append the token (and the digest of the block it completes; its host
-        copy waits for end_step, the block stays in the local window until long after), then attention over the
-        resident blocks (infinigen: the selected ones) and the window -> (o, lse)."""
-        plan, store, num_kv_heads = self.plan, self.offloaded, self.shape.num_kv_heads
-        dev_k, dev_v = store.dev_k[layer], store.dev_v[layer]
-        dev_k[plan.window_append_page, :, plan.append_offset] = k_new.to(dev_k.dtype)
-        dev_v[plan.window_append_page, :, plan.append_offset] = v_new.to(dev_v.dtype)
-        kernels.update_digests(dev_k, plan.window_append_page, store.digest_min[layer], store.digest_max[layer],
-                               rows=plan.fill_host_row, impl=self.config.kernel_impl)
-        window = plan.window_pages.unsqueeze(1).expand(-1, num_kv_heads, -1)
-        pages, valid = window, window != PAD_BLOCK
-        if self.config.mode in RESIDENT_MODES:
-            resident = store.resident_map[layer][plan.slots]
-            held = resident != PAD_BLOCK
-            if self.config.mode == "infinigen":
-                held = held & recall.contains(resident, selected)
-            resident_pages = plan.resident_pages.unsqueeze(1).expand(-1, num_kv_heads, -1)
-            pages, valid = torch.cat([resident_pages, window], dim=2), torch.cat([held, valid], dim=2)
-        table, counts = compact_lists(pages, valid)
-        return kernels.sparse_decode(q.contiguous(), dev_k, dev_v, table, counts, scale=self.shape.softmax_scale,
-                                     last_block_len=plan.last_len_heads, impl=self._decode_impl, validate=False)
-
-    def _run_merge(self, o, lse, cpu_o, cpu_lse):
-        merged, _ = kernels.merge_attention_states(o, lse, cpu_o, cpu_lse, impl=self.config.kernel_impl)
-        return merged
-
-    def _run_recall(self, layer, selected, counts, scores, cpu_blocks, cpu_counts) -> recall.RecallMoves:
-        """Periodic recall after layer's attention: CPU-list blocks replace the least useful resident ones."""
-        if self.config.recall_policy == "interval":
-            due = self.plan.recall_due[self._offloaded_index[layer]]
-        else:  # adaptive: the CPU's share of the selection passed beta
-            num_selected = counts.sum(dim=1)
-            share = cpu_counts.sum(dim=1).double() / num_selected.clamp(min=1).double()
-            due = (num_selected > 0) & (share > self.config.recall_beta)
-        candidates = torch.where(due.view(-1, 1, 1), cpu_blocks, PAD_BLOCK)
-        moves = self._bring_in(layer, candidates, selected, scores)
-        self._counters[layer, RECALLED] += moves.moved.sum()
-        return moves
-
-    def _count_changes(self, layer, selected):
-        """Selected blocks that the previous step of the same request did not select."""
-        previous = self._previous[layer]
-        before = previous[self.plan.slots]
-        now = selected != PAD_BLOCK
-        compared = now & (before != PAD_BLOCK).any(dim=-1, keepdim=True)
-        self._counters[layer, COMPARED] += compared.sum()
-        self._counters[layer, CHANGED] += (compared & ~recall.contains(selected, before)).sum()
-        previous.index_copy_(0, self.plan.slots, torch.where(now.any(dim=-1, keepdim=True), selected, before))
-
-    # -- internals: streams -------------------------------------------------------
-
-    def _recall_copies(self):
-        """Context for recall copies: a side stream on CUDA (after the work already
-        queued, which may still read the slots being replaced), a plain copy on CPU."""
-        if self._recall_stream is None:
-            return nullcontext()
-        self._recall_stream.wait_stream(torch.cuda.current_stream(self.device))
-        return torch.cuda.stream(self._recall_stream)
-
-    def _recall_issued(self, layer) -> None:
-        if self._recall_stream is not None:
-            event = torch.cuda.Event()
-            event.record(self._recall_stream)
-            self._recall_events[layer] = event
-
-    def _await_recall(self, layer) -> None:
-        event = self._recall_events.pop(layer, None)
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
+    def _read_step_words(self):
+        """Counters [layers][NUM_COUNTERS], the hand-off's statuses and wait times per CPU layer: one device read,
+        then the counters and wait times are zeroed."""
+        counters = self.buffers.counters
+        parts = [counters.flatten().long()]
+        if self.handoff is not None:
+            parts += [self.handoff.status.long(), self.handoff.wait_ns]
+        values = torch.cat(parts).tolist()
+        counters.zero_()
+        rows = [values[i: i + counters.shape[1]] for i in range(0, counters.numel(), counters.shape[1])]
+        if self.handoff is None:
+            return rows, [], []
+        self.handoff.wait_ns.zero_()
+        count = len(self.handoff.layers)
+        return rows, values[counters.numel(): counters.numel() + count], values[counters.numel() + count:]
 
     # -- decision trace (tests only; never built when self.trace is None) -------
     def _resident_rows(self, layer) -> list:
-        return self.offloaded.resident_map[layer][self.plan.slots].tolist()
-
-    def _trace_full(self, layer, selected, counts):
-        self.trace.record(full_layer_decision(self, layer, selected, counts))
-
-    def _trace_offloaded(self, layer, selection) -> LayerDecision:
-        return offloaded_layer_decision(self, layer, selection)
-
-
-def compact_lists(pages: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move the valid entries of pages [B, Hkv, X] to the front, in order -> (table [B, Hkv, X + 1] int32, counts [B, Hkv]).
-
-    The last column collects the invalid entries (page ids or PAD, past every count, so never read)."""
-    width = pages.shape[-1]
-    position = torch.where(valid, torch.cumsum(valid.to(torch.int32), dim=-1) - 1, width)
-    table = torch.full((*pages.shape[:-1], width + 1), PAD_BLOCK, dtype=torch.int32, device=pages.device)
-    table.scatter_(-1, position.long(), pages.to(torch.int32))
-    return table, valid.sum(dim=-1, dtype=torch.int32)
+        return self.offloaded.resident_map[layer][self.plan.slots_long[: self.plan.batch_size]].tolist()
 
 
 def _nbytes(*stores: dict) -> int:

@@ -39,18 +39,25 @@ class PythonLineCounter:
     """Counts the Python lines this thread executes while active (`with PythonLineCounter() as lines:`).
 
     Code of the `threading` module is not counted: a wait on an event runs more lines when the event is not set
-    yet, so its count follows the timing of other threads, not the work of this one.
+    yet, so its count follows the timing of other threads, not the work of this one. With skip_launches, nothing
+    inside a Triton kernel launch is counted either: the launcher's own Python is the launch (counted as one by
+    op_counter.LaunchCounter, and absent from a replayed CUDA graph), and in Triton's interpreter the kernel's
+    body runs as Python that a GPU runs as device code.
     """
 
     IGNORED_FILES = frozenset((threading.__file__,))
 
-    def __init__(self):
+    def __init__(self, *, skip_launches: bool = False, run_launches: bool = True):
         self.lines = 0
+        self._skip_launches = skip_launches
+        self._run_launches = run_launches  # False: the launches are not run (op_counter.LaunchCounter says why)
+        self._in_launch = 0
+        self._patched = []
 
     def _trace(self, frame, event, arg):
         if event == "call" and frame.f_code.co_filename in self.IGNORED_FILES:
             return None  # no line events in this frame (calls it makes are traced again)
-        if event == "line":
+        if event == "line" and not self._in_launch:
             self.lines += 1
         return self._trace
 
@@ -58,12 +65,35 @@ class PythonLineCounter:
         if sys.gettrace() is not None:
             raise RuntimeError("a trace function is already set on this thread (a debugger or coverage?): "
                                "PythonLineCounter cannot count under it")
+        if self._skip_launches:
+            self._patch_launches()
         sys.settrace(self._trace)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(None)
+        for cls, original in self._patched:
+            cls.run = original
+        self._patched.clear()
         return False
+
+    def _patch_launches(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        counter = self
+        for cls in (InterpretedFunction, JITFunction):
+            original = cls.run
+
+            def run(kernel, *args, _original=original, **kwargs):
+                counter._in_launch += 1
+                try:
+                    return _original(kernel, *args, **kwargs) if counter._run_launches else None
+                finally:
+                    counter._in_launch -= 1
+
+            self._patched.append((cls, original))
+            cls.run = run
 
 
 class HostClock(TorchDispatchMode):

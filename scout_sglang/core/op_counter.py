@@ -42,3 +42,55 @@ class OpCounter(TorchDispatchMode):
 def is_view(name: str) -> bool:
     """Whether an op named like "aten.view.default" only makes a view."""
     return name.split(".")[1] in VIEW_OPS
+
+
+class LaunchCounter(OpCounter):
+    """An OpCounter that also counts Triton kernel launches, natively or in Triton's interpreter: what a GPU
+    executes per layer is the Triton launches plus the aten ops that are not views. The aten ops a launch makes
+    by itself (the interpreter copies its arguments) are not counted. `triton` maps kernel names to launches.
+
+    run=False counts the launches without running them: the interpreter takes minutes for a large batch, and
+    the launches do not depend on the data (what a run at a small batch shows); outputs are then garbage."""
+
+    def __init__(self, *, run: bool = True):
+        super().__init__()
+        self._run = run
+        self.triton = Counter()
+        self._inside = 0
+        self._patched = []
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        counter = self
+        for cls in (InterpretedFunction, JITFunction):
+            original = cls.run
+
+            def run(kernel, *args, _original=original, **kwargs):
+                if not kwargs.get("warmup"):
+                    counter.triton[getattr(kernel, "__name__", "kernel")] += 1
+                counter._inside += 1
+                try:
+                    return _original(kernel, *args, **kwargs) if counter._run else None
+                finally:
+                    counter._inside -= 1
+
+            self._patched.append((cls, original))
+            cls.run = run
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for cls, original in self._patched:
+            cls.run = original
+        self._patched.clear()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._inside:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def launches(self) -> int:
+        """Triton launches plus aten ops that are not views."""
+        return super().launches() + sum(self.triton.values())

@@ -2,65 +2,83 @@
 
 As FlashInfer's `plan()` and vLLM's metadata builders: everything the layers
 need that depends on the batch (counts after the step's token, page tables,
-where the token goes, which block it completes, the window's pages) is
-computed here with a bounded number of tensor ops on host tensors, packed into
-one int32 buffer and moved to the device with one non-blocking copy (from
-page-locked memory on CUDA). The per-layer code then runs a fixed sequence of
-tensor ops over these fields, whatever the batch size, and never reads a
-device value back.
+where the token goes, which block it completes, the window's pages, the block
+leaving the window) is computed here with a bounded number of tensor ops on
+host tensors, written into one int32 buffer and moved to the device in one
+copy. The per-layer stages then read these fields and never read a device
+value back.
 
-Fields are [B] or [B, X] int32 on the device unless noted; indices meant for
-index ops are also kept as int64 (`*_index`). Counts are AFTER the step's
-token is appended. Window columns (W = sink + local + 1) list the window's
-blocks in ascending order, PAD_BLOCK past the window's count, so the partial
-tail, when present, is the last valid entry.
+The device buffer is allocated once, at its largest, and each step's fields are
+views of it: with fixed widths (CUDA) the same step size gives the same
+addresses every step, which is what a captured CUDA graph replays.
+
+    buffer [1 + rows, width] int32, row-major
+      row 0        header: SEQ, ROWS, BYPASS (handoff_words): read by the hand-off's ring and wait
+      rows 1..     one per batch row; columns: the fields below, side by side
+
+A step may run more rows than it has requests (`rows`, a captured graph's batch
+size): padding rows name the padding slot, hold no token and attend nothing.
+Fields are [rows] or [rows, X] int32 views (row stride = width). Counts are
+AFTER the step's token is appended. Window columns (W = sink + local + 1) list
+the window's blocks in ascending order, PAD_BLOCK past the window's count, so
+the partial tail, when present, is the last valid entry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from scout_sglang.handoff_words import (
+    HEADER_BYPASS,
+    HEADER_ROWS,
+    HEADER_SEQ,
+    HEADER_WORDS,
+)
 from scout_sglang.layout import PAD_BLOCK
 
 
 @dataclass
 class StepPlan:
-    batch_size: int  # B (host int)
+    batch_size: int  # requests (host int)
+    rows: int  # rows the layers run: batch_size, or a captured graph's batch size (host int)
     rids: list[int]  # host
-    slots: torch.Tensor  # [B] int64, device: request slots
-    num_tokens: torch.Tensor  # [B] tokens after the step's token
-    num_full: torch.Tensor  # [B] full blocks
-    last_len: torch.Tensor  # [B] tokens of the last listed block: the tail, or S when there is none
-    last_len_heads: torch.Tensor  # [B, Hkv] the same per KV head, as the sparse decode takes it
-    append_offset: torch.Tensor  # [B] int64: position of the step's token in its block
+    seq: int  # the step's sequence number (host int; also in the header)
+    bypass: bool  # the CPU parts are computed on the device this step (host bool; also in the header)
+    header: torch.Tensor  # [HEADER_WORDS] int32, device
+    slots: torch.Tensor  # [rows] request slots (padding rows: the padding slot)
+    slots_long: torch.Tensor  # [rows] int64, device: the same, for index ops
+    num_tokens: torch.Tensor  # [rows] tokens after the step's token
+    num_full: torch.Tensor  # [rows] full blocks
+    last_len: torch.Tensor  # [rows] tokens of the last listed block: the tail, or S when there is none
+    last_len_heads: torch.Tensor  # [rows, Hkv] the same per KV head (a stride-0 view), as the decode takes it
+    append_offset: torch.Tensor  # [rows] position of the step's token in its block
     # offloaded layers (scout, infinigen, hgca)
-    host_table: torch.Tensor | None = None  # [B, NB] host page of each logical block, PAD past the allocated ones
-    window_pages: torch.Tensor | None = None  # [B, W] device pages of the window's blocks
-    window_blocks: torch.Tensor | None = None  # [B, W] their logical blocks
-    forced_blocks: torch.Tensor | None = None  # [B, W] window blocks that are full (sink + local), else PAD
-    forced_heads: torch.Tensor | None = None  # [B, Hkv, W] the same per KV head
-    resident_pages: torch.Tensor | None = None  # [B, R] device pages of the resident slots
-    window_append_page: torch.Tensor | None = None  # [B] int64 device page of the step's token
-    fill_host_row: torch.Tensor | None = None  # [B] int64 host page of the block the token completes, else scratch
-    recall_due: torch.Tensor | None = None  # [L_offloaded, B] bool: interval recall due this step
+    host_table: torch.Tensor | None = None  # [rows, NB] host page of each logical block, PAD past the allocated ones
+    window_pages: torch.Tensor | None = None  # [rows, W] device pages of the window's blocks
+    forced_blocks: torch.Tensor | None = None  # [rows, W] window blocks that are full (sink + local), else PAD
+    resident_pages: torch.Tensor | None = None  # [rows, R] device pages of the resident slots
+    window_append_page: torch.Tensor | None = None  # [rows] device page of the step's token
+    fill_host_row: torch.Tensor | None = None  # [rows] host page of the block the token completes, else scratch
+    leaving_block: torch.Tensor | None = None  # [rows] the block leaving the local window in this step, else PAD
+    leaving_page: torch.Tensor | None = None  # [rows] its window page (its ring slot is rewritten one block later)
+    recall_due: torch.Tensor | None = None  # [rows, L_offloaded] interval recall due this step (nonzero)
+    recall_quota: torch.Tensor | None = None  # [rows, Hkv] blocks one resident row may take in per phase
     # device-full layers (full, quest, dense layers)
-    full_table: torch.Tensor | None = None  # [B, NB] device page of each block
-    num_blocks: torch.Tensor | None = None  # [B] blocks including the partial tail
-    full_lists: torch.Tensor | None = None  # [B, Hkv, NB] full_table per KV head: a dense layer's block lists
-    full_counts: torch.Tensor | None = None  # [B, Hkv] num_blocks per KV head
-    full_append_page: torch.Tensor | None = None  # [B] int64
-    fill_full_row: torch.Tensor | None = None  # [B] int64 page the token completes (quest digest), else scratch
-    # host-side, for end_step: blocks completed in this step (copied to the host store then)
-    filled: list[tuple[int, int, int]] = field(default_factory=list)  # (window page, host page, batch index)
+    full_table: torch.Tensor | None = None  # [rows, NB] device page of each block
+    num_blocks: torch.Tensor | None = None  # [rows] blocks including the partial tail
+    full_lists: torch.Tensor | None = None  # [rows, Hkv, NB] full_table per KV head (a stride-0 view)
+    full_counts: torch.Tensor | None = None  # [rows, Hkv] num_blocks per KV head (a stride-0 view)
+    full_append_page: torch.Tensor | None = None  # [rows]
+    fill_full_row: torch.Tensor | None = None  # [rows] page the token completes (quest digest), else scratch
 
 
 def bucket(count: int, capacity: int, minimum: int = 8) -> int:
     """Width of a per-step table: the next power of two >= count (at least `minimum`), at most `capacity`.
 
-    Shapes then change only at powers of two (a compiled or captured layer is
-    reused between them); a CUDA graph uses `capacity` itself."""
+    Shapes then change only at powers of two (a compiled layer is reused
+    between them); a CUDA graph uses `capacity` itself."""
     width = minimum
     while width < count:
         width *= 2
@@ -88,92 +106,123 @@ def ring_index(blocks: torch.Tensor, sink_blocks: int, local_blocks: int) -> tor
     return torch.where(blocks < sink_blocks, blocks, sink_blocks + (blocks - sink_blocks) % (local_blocks + 1))
 
 
-class PlanTransfer:
-    """Packs a plan's int32 fields into one buffer and moves it to the device in one copy.
-
-    On CUDA the buffer is page-locked and the copy non-blocking; two buffers
-    alternate so that filling the next step's never races the last copy."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._on_cuda = device.type == "cuda"
-        self._buffers: list[torch.Tensor | None] = [None, None]
-        self._events: list[object | None] = [None, None]
-        self._turn = 0
-
-    def __call__(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if not self._on_cuda:
-            return fields
-        flat = [t.to(torch.int32).flatten() for t in fields.values()]
-        total = sum(t.numel() for t in flat)
-        turn, self._turn = self._turn, 1 - self._turn
-        if self._events[turn] is not None:
-            self._events[turn].synchronize()  # the copy from this buffer two steps ago
-        buffer = self._buffers[turn]
-        if buffer is None or buffer.numel() < total:
-            buffer = self._buffers[turn] = torch.empty(max(total, 1024), dtype=torch.int32, pin_memory=True)
-        torch.cat(flat, out=buffer[:total])
-        on_device = buffer[:total].to(self.device, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._events[turn] = event
-        out, offset = {}, 0
-        for name, tensor in fields.items():
-            out[name] = on_device[offset: offset + tensor.numel()].view(tensor.shape)
-            offset += tensor.numel()
-        return out
-
-
 def pad_where(valid: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, values, torch.full_like(values, PAD_BLOCK))
 
 
-def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, config, num_kv_heads: int, width,
-                offloaded, full_store, offloaded_layers) -> tuple[dict[str, torch.Tensor], list]:
-    """The host tensors of a StepPlan, and the blocks the step's tokens complete (for end_step's host copies).
+class PlanBuffer:
+    """The step plan's int32 buffer: a host staging copy (page-locked on CUDA) and a device buffer allocated once
+    at its largest; `write` lays out a step's fields and moves them in one copy.
+
+    On CUDA two staging buffers alternate, so that filling the next step's never races the copy of the last;
+    on the CPU the staging buffer is the device buffer."""
+
+    def __init__(self, device: torch.device, max_rows: int, max_width: int):
+        self.device = torch.device(device)
+        self._on_cuda = self.device.type == "cuda"
+        size = (1 + max_rows) * max_width
+        self.capacity = size
+        self._device_buffer = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self._staging = ([torch.zeros(size, dtype=torch.int32, pin_memory=True) for _ in range(2)] if self._on_cuda
+                         else [self._device_buffer] * 2)
+        self._events: list[object | None] = [None, None]
+        self._turn = 0
+
+    def write(self, header: list[int], fields: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, dict]:
+        """Lay out `header` and the fields ([rows, X] or [rows] host tensors) -> (header view, field views)."""
+        widths = {name: (t.shape[1] if t.dim() == 2 else 1) for name, t in fields.items()}
+        width = max(sum(widths.values()), HEADER_WORDS)
+        size = (1 + rows) * width
+        if size > self.capacity:
+            raise ValueError(f"a step of {rows} rows x {width} plan columns needs {size} words; the plan buffer "
+                             f"holds {self.capacity} (max_requests, max_tokens_per_request)")
+        turn, self._turn = self._turn, 1 - self._turn
+        if self._events[turn] is not None:
+            self._events[turn].synchronize()  # the copy from this buffer two steps ago (outside the layer loop)
+        staging = self._staging[turn][:size].view(1 + rows, width)
+        staging[0, :HEADER_WORDS] = torch.tensor(header, dtype=torch.int32)
+        column, layout = 0, {}
+        for name, tensor in fields.items():
+            staging[1:, column: column + widths[name]] = tensor.view(rows, widths[name])
+            layout[name] = (column, widths[name], tensor.dim())
+            column += widths[name]
+        if self._on_cuda:
+            self._device_buffer[:size].copy_(staging.view(-1), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._events[turn] = event
+        device = self._device_buffer[:size].view(1 + rows, width)
+        views = {}
+        for name, (start, columns, ndim) in layout.items():
+            view = device[1:, start: start + columns]
+            views[name] = view if ndim == 2 else view[:, 0]
+        return device[0, :HEADER_WORDS], views
+
+
+def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int, config,
+                num_kv_heads: int, width, offloaded, full_store, offloaded_layers, recall_quota: int):
+    """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
     width(needed) gives a page table's column count; offloaded / full_store: the engine's stores, or None
     where it has no layer of that kind."""
     size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
-    slots = torch.tensor(slots, dtype=torch.long)
     after = torch.tensor(num_tokens, dtype=torch.long)
+    slot_index = torch.tensor(slots, dtype=torch.long)
     num_full, tail = after // size, after % size
     token_block = (after - 1) // size  # the block of the step's token
     fills = tail == 0  # the token completes its block
     last_len = torch.where(tail > 0, tail, size)
-    fields = dict(slots=slots, num_tokens=after, num_full=num_full, last_len=last_len,
-                  last_len_heads=last_len.view(-1, 1).expand(-1, heads).contiguous(),
+    fields = dict(slots=slot_index, num_tokens=after, num_full=num_full, last_len=last_len,
                   append_offset=(after - 1) % size)
-    filled = []
+    padding = dict(slots=padding_slot, num_tokens=0, num_full=0, last_len=size, append_offset=0)
     if offloaded is not None:
         sink, local = config.sink_blocks, config.local_blocks
-        host_rows = offloaded.host_tables.table[slots]  # [B, NBcap]
+        host_rows = offloaded.host_tables.table[slot_index]  # [B, NBcap]
         blocks, ring, valid = window_geometry(after, block_size=size, sink_blocks=sink, local_blocks=local)
-        window_rows = offloaded.window_page_table[slots]  # [B, W]
+        window_rows = offloaded.window_page_table[slot_index]  # [B, W]
         append_page = window_rows.gather(1, ring_index(token_block, sink, local).view(-1, 1)).view(-1)
         last_column = host_rows.shape[1] - 1
         fill_row = torch.where(fills, host_rows.gather(1, token_block.clamp(max=last_column).view(-1, 1)).view(-1),
                                offloaded.host_scratch_page)
-        forced = pad_where(valid & (blocks < num_full.view(-1, 1)), blocks)
-        fields.update(host_table=host_rows[:, : width(int(num_full.max()) if batch_size else 0)].contiguous(),
-                      window_pages=pad_where(valid, window_rows.gather(1, ring)), window_blocks=pad_where(valid, blocks),
-                      forced_blocks=forced, forced_heads=forced.view(batch_size, 1, -1).expand(-1, heads, -1).contiguous(),
-                      resident_pages=offloaded.resident_page_table[slots], window_append_page=append_page,
-                      fill_host_row=fill_row)
+        leaving = num_full - 1 - local
+        leaves = fills & (leaving >= sink)
+        leaving_page = window_rows.gather(1, ring_index(leaving.clamp(min=0), sink, local).view(-1, 1)).view(-1)
+        fields.update(host_table=host_rows[:, : width(int(num_full.max()) if batch_size else 0)],
+                      window_pages=pad_where(valid, window_rows.gather(1, ring)),
+                      forced_blocks=pad_where(valid & (blocks < num_full.view(-1, 1)), blocks),
+                      resident_pages=offloaded.resident_page_table[slot_index], window_append_page=append_page,
+                      fill_host_row=fill_row, leaving_block=pad_where(leaves, leaving),
+                      leaving_page=pad_where(leaves, leaving_page),
+                      recall_quota=torch.full((batch_size, heads), recall_quota))
+        padding.update(host_table=PAD_BLOCK, window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK,
+                       resident_pages=offloaded.device_scratch_page, window_append_page=offloaded.device_scratch_page,
+                       fill_host_row=offloaded.host_scratch_page, leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
+                       recall_quota=0)
         if config.recall_policy == "interval":
-            step = torch.tensor(steps, dtype=torch.long)
-            fields["recall_due"] = torch.stack([step % config.interval_for_layer(layer) == 0
-                                                for layer in offloaded_layers]).to(torch.int32)
-        filled = [(page, row, b) for b, (page, row, fill) in
-                  enumerate(zip(append_page.tolist(), fill_row.tolist(), fills.tolist())) if fill]
+            step = torch.tensor(steps, dtype=torch.long).view(-1, 1)
+            intervals = torch.tensor([config.interval_for_layer(layer) for layer in offloaded_layers]).view(1, -1)
+            fields["recall_due"] = (step % intervals == 0).to(torch.int32)
+            padding["recall_due"] = 0
     if full_store is not None:
-        full_rows = full_store.tables.table[slots]
+        full_rows = full_store.tables.table[slot_index]
         num_blocks = (after + size - 1) // size
         append_page = full_rows.gather(1, token_block.view(-1, 1)).view(-1)
-        full_table = full_rows[:, : width(int(num_blocks.max()) if batch_size else 0)].contiguous()
-        fields.update(full_table=full_table, num_blocks=num_blocks, full_append_page=append_page,
-                      full_lists=full_table.view(batch_size, 1, -1).expand(-1, heads, -1).contiguous(),
-                      full_counts=num_blocks.view(-1, 1).expand(-1, heads).contiguous(),
+        fields.update(full_table=full_rows[:, : width(int(num_blocks.max()) if batch_size else 0)],
+                      num_blocks=num_blocks, full_append_page=append_page,
                       fill_full_row=torch.where(fills, append_page, full_store.scratch_page))
-    return fields, filled
+        padding.update(full_table=PAD_BLOCK, num_blocks=0, full_append_page=full_store.scratch_page,
+                       fill_full_row=full_store.scratch_page)
+    padded = {}
+    for name, tensor in fields.items():
+        shape = (rows, *tensor.shape[1:])
+        full = torch.full(shape, padding[name], dtype=torch.int32)
+        full[:batch_size] = tensor
+        padded[name] = full
+    return padded
+
+
+def header_words(*, seq: int, rows: int, bypass: bool) -> list[int]:
+    words = [0] * HEADER_WORDS
+    words[HEADER_SEQ], words[HEADER_ROWS], words[HEADER_BYPASS] = seq, rows, int(bypass)
+    return words

@@ -250,11 +250,17 @@ class OffloadedStore:
         # Device pages of each slot's window (sink, ring) and resident slots, set at admission.
         self.window_page_table = torch.full((max_requests, self.window_width), PAD_BLOCK, dtype=torch.int32)
         self.resident_page_table = torch.full((max_requests, resident_blocks), PAD_BLOCK, dtype=torch.int32)
+        # Per request slot, and one more: the padding slot of a step's padding rows (a captured graph's batch
+        # size past its requests), whose row stays empty.
+        self.padding_slot = max_requests
         self.resident_map = {
-            layer: torch.full((max_requests, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32, device=device)
+            layer: torch.full((max_requests + 1, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32,
+                              device=device)
             for layer in self.layers
         }
-        self.resident_ready = {layer: torch.zeros(max_requests, dtype=torch.bool, device=device) for layer in self.layers}
+        # 1 once a (slot, KV head) row has had its first fill: one word per row, so each program owns its own.
+        self.resident_ready = {layer: torch.zeros(max_requests + 1, num_kv_heads, dtype=torch.int8, device=device)
+                               for layer in self.layers}
 
     # -- per-request pages -------------------------------------------------
     def admit(self, rid: int, slot: int) -> None:
@@ -263,7 +269,7 @@ class OffloadedStore:
         self.resident_page_table[slot] = torch.tensor(pages[self.window_width:], dtype=torch.int32)
         for layer in self.layers:
             self.resident_map[layer][slot] = PAD_BLOCK
-            self.resident_ready[layer][slot] = False
+            self.resident_ready[layer][slot] = 0
 
     def release(self, rid: int, slot: int) -> None:
         self.host_tables.release(rid, slot)

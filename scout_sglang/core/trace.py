@@ -46,10 +46,10 @@ class DecisionTrace:
     """Every LayerDecision of an engine since it was created, in order."""
 
     decisions: list[LayerDecision] = field(default_factory=list)
-    resident_start: dict = field(default_factory=dict)  # layer -> [B][Hkv][R] of the current step
+    resident_start: dict = field(default_factory=dict)  # layer -> [B][Hkv][R] after the step's window admission
 
-    def begin_step(self, resident_rows: dict[int, torch.Tensor]) -> None:
-        self.resident_start = {layer: rows.tolist() for layer, rows in resident_rows.items()}
+    def begin_step(self) -> None:
+        self.resident_start = {}
 
     def record(self, decision: LayerDecision) -> None:
         decision.resident_start = self.resident_start.get(decision.layer)
@@ -60,33 +60,36 @@ def block_lists(blocks: torch.Tensor | None, counts: torch.Tensor | None, batch_
     """[B, Hkv, C] blocks with [B, Hkv] counts -> [B][Hkv] lists (empty lists when blocks is None)."""
     if blocks is None:
         return [[[] for _ in range(num_kv_heads)] for _ in range(batch_size)]
-    blocks, counts = blocks.cpu(), counts.cpu()
+    blocks, counts = blocks[:batch_size].cpu(), counts[:batch_size].cpu()
     return [[blocks[b, h, : int(counts[b, h])].tolist() for h in range(num_kv_heads)] for b in range(batch_size)]
 
 
-def full_layer_decision(engine, layer: int, selected, counts) -> LayerDecision:
+def full_layer_decision(engine, layer: int, selects: bool) -> LayerDecision:
     """A device-full layer of the engine's current step: every block, or quest's selection plus the partial tail."""
     batch = engine._batch
     heads, size = engine.shape.num_kv_heads, engine.block_size
     counts_after = [s.num_tokens + 1 for s in batch]
-    if selected is None:
+    selected = None
+    if not selects:
         device = [[list(range(-(-n // size)))] * heads for n in counts_after]
     else:
-        selected = block_lists(selected, counts, len(batch), heads)
+        chosen = engine.buffers.of(layer)
+        selected = block_lists(chosen.selected, chosen.counts, len(batch), heads)
         device = [[blocks + ([n // size] if n % size else []) for blocks in rows]
                   for rows, n in zip(selected, counts_after)]
     return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=False,
                          selected=selected, device_blocks=device, cpu_blocks=block_lists(None, None, len(batch), heads))
 
 
-def offloaded_layer_decision(engine, layer: int, selection) -> LayerDecision:
-    """An offloaded layer of the engine's current step: resident blocks (the selected ones for infinigen) then
-    the window, in the order the device part lists them; the CPU lists when a CPU part was launched."""
+def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
+    """An offloaded layer of the engine's current step, after its front: resident blocks (the selected ones for
+    infinigen) then the window, in the order the device part lists them; the CPU lists in the CPU modes."""
     batch = engine._batch
     heads, mode = engine.shape.num_kv_heads, engine.config.mode
     counts_after = [s.num_tokens + 1 for s in batch]
     resident = engine._resident_rows(layer) if mode in ("scout", "infinigen") else None
-    selected = block_lists(selection.selected, selection.counts, len(batch), heads)
+    chosen = engine.buffers.of(layer)
+    selected = block_lists(chosen.selected, chosen.counts, len(batch), heads)
     device = []
     for b, n in enumerate(counts_after):
         window = engine.offloaded.window_blocks(n)
@@ -98,7 +101,7 @@ def offloaded_layer_decision(engine, layer: int, selection) -> LayerDecision:
             rows.append(held + window)
         device.append(rows)
     cpu = block_lists(None, None, len(batch), heads)
-    if selection.launched:
-        cpu = block_lists(selection.cpu_blocks, selection.cpu_counts, len(batch), heads)
+    if engine.handoff is not None:
+        cpu = block_lists(chosen.cpu_blocks, engine.handoff.counts[layer], len(batch), heads)
     return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=True,
                          selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)

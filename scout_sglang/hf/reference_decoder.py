@@ -56,7 +56,7 @@ class ReferenceDecoder:
     """
 
     def __init__(self, model, config: ScoutConfig, *, max_requests: int = 8, max_tokens_per_request: int = 4096,
-                 track_changes: bool = True, cpu_pool=None, engine=None):
+                 track_changes: bool = True, cpu_worker=None, engine=None):
         register_attention()
         self.model = model
         text = model.config
@@ -71,7 +71,7 @@ class ReferenceDecoder:
         else:
             self.engine = CoAttentionEngine(config, shape, device=next(model.parameters()).device, dtype=dtype,
                                             max_requests=max_requests, max_tokens_per_request=max_tokens_per_request,
-                                            cpu_pool=cpu_pool, track_changes=track_changes)
+                                            cpu_worker=cpu_worker, track_changes=track_changes)
         self.shape = shape
         self._rotary = importlib.import_module(type(model).__module__).apply_rotary_pos_emb
         self._phase: tuple = ()

@@ -40,19 +40,28 @@ from scout_sglang.env import (
 )
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report
-from scout_sglang.sglang_adapter.graph_breaks import (
-    attend_between_segments,
-    graph_break_active,
-    use_breakable_decode_graphs,
-)
 from scout_sglang.sglang_adapter.arrival_pages import (
     block_pages,
     borrowed_host_store,
     completed_block_pages,
     shares_arrival_pool,
 )
-from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
-from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
+from scout_sglang.sglang_adapter.graph_breaks import (
+    attend_between_segments,
+    graph_break_active,
+    use_breakable_decode_graphs,
+)
+from scout_sglang.sglang_adapter.kv_pool import (
+    LAYOUT_ATTRIBUTE,
+    check_engine_memory,
+    plan_engine,
+    pool_layout,
+)
+from scout_sglang.sglang_adapter.layer_ahead import (
+    QueryPredictor,
+    decoder_layers,
+    prediction_problems,
+)
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
@@ -127,7 +136,9 @@ def stops_the_server(what: str):
 def stock_backend(model_runner):
     """The backend that runs prefill: torch_native on CPU, triton on CUDA."""
     if model_runner.device == "cpu" or str(model_runner.device).startswith("cpu"):
-        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+        from sglang.srt.layers.attention.torch_native_backend import (
+            TorchNativeAttnBackend,
+        )
 
         return TorchNativeAttnBackend(model_runner)
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -368,7 +379,7 @@ class ScoutAttnBackend:
 
     def close(self) -> None:
         """The server exits: stop and join the engine's CPU worker threads (idempotent)."""
-        threads = len(self.engine.cpu_pool.threads) if self.engine.cpu_pool is not None else 0
+        threads = len(self.engine.cpu_worker.threads) if self.engine.cpu_worker is not None else 0
         self.engine.close()
         logger.info("scout: engine closed, %d CPU worker threads joined", threads)
 

@@ -1,0 +1,52 @@
+"""The device side of the CPU part's hand-off: ring, wait with a deadline, and the merge that takes the worker's
+result or the fallback's.
+
+digest -> select -> split -> device part / CPU part -> **merge**. Protocol:
+scout_sglang.handoff_words. On CUDA each is one kernel (triton/handoff.py); the
+ring and the wait exist only there (they spin on page-locked memory and read
+the GPU's clock). On the CPU device the engine's thread writes and waits on
+the words itself (core/cpu_handoff.py), and the merge's torch path reads the
+status, a host value there.
+"""
+
+from __future__ import annotations
+
+import torch
+from scout_sglang.kernels.dispatch import select_impl
+from scout_sglang.kernels.merge import merge_attention_states
+
+
+def ring_doorbell(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tensor) -> None:
+    """CUDA: announce a staged part. header [HEADER_WORDS] int32 (device), words [WORDS_PER_LAYER] int32
+    (page-locked), ring_ns [1] int64 (device): when it rang."""
+    from scout_sglang.kernels.triton.handoff import ring_triton
+
+    ring_triton(header, words, ring_ns)
+
+
+def wait_cpu_part(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tensor, status: torch.Tensor,
+                  wait_ns: torch.Tensor, *, deadline_ns: int) -> None:
+    """CUDA: wait until the worker finished the step's part or `deadline_ns` after the ring -> status [1] int32
+    (device); wait_ns [1] int64 accumulates the time spent waiting."""
+    from scout_sglang.kernels.triton.handoff import wait_triton
+
+    wait_triton(header, words, ring_ns, status, wait_ns, deadline_ns=deadline_ns)
+
+
+def merge_cpu_part(o: torch.Tensor, lse: torch.Tensor, cpu_o: torch.Tensor, cpu_lse: torch.Tensor,
+                   fb_o: torch.Tensor, fb_lse: torch.Tensor, status: torch.Tensor, out: torch.Tensor, *,
+                   impl: str | None = None) -> None:
+    """out = merge((o, lse), the worker's (cpu_o, cpu_lse) if status == 0 else the fallback's (fb_o, fb_lse)).
+
+    o, out : [B, Hq, D] (dtype of the layer); lse, cpu_lse, fb_lse : [B, Hq] fp32 natural log;
+    cpu_o, fb_o : [B, Hq, D] fp32 (cpu_o, cpu_lse may be page-locked host memory on CUDA);
+    status : [1] int32, the layer's hand-off status (handoff_words)
+    """
+    if select_impl("cpu_part", o.device.type, impl) == "triton":
+        from scout_sglang.kernels.triton.handoff import merge_cpu_part_triton
+
+        merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out)
+        return
+    worker = int(status.numpy()[0]) == 0  # the CPU device's status is a host value: no device read
+    other_o, other_lse = (cpu_o, cpu_lse) if worker else (fb_o, fb_lse)
+    merge_attention_states(o, lse, other_o.to(o.device), other_lse.to(o.device), out=out, impl="torch")

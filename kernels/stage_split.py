@@ -1,0 +1,165 @@
+"""The split stage of the decode step: the device list, the CPU list and the staged query, per (request, KV head).
+
+digest -> select -> **split** -> device part / CPU part -> merge -> recall.
+One call per offloaded layer and step, after the selection (and the resident
+buffer's first fill): on CUDA one Triton launch (triton/stage_split.py) that
+writes the CPU lists and the query straight into the hand-off's page-locked
+staging, on the CPU a fixed sequence of torch ops.
+
+    device list: resident pages holding a block (only_selected_resident: a selected one), in slot order,
+                 then the window's pages ascending; [B, Hkv, R + W] with counts, PAD past them
+    CPU list:    selected blocks, best first, that neither the window's full blocks (forced_blocks) nor
+                 the resident buffer hold, capped at `capacity`; logical blocks and host pages [B, Hkv, C]
+
+The CPU list is what reference.split_selection returns for the selection and
+the blocks the device holds; the tests compare both paths with it.
+"""
+
+from __future__ import annotations
+
+import torch
+from scout_sglang.kernels.checks import check_shape, check_tensor
+from scout_sglang.kernels.dispatch import select_impl
+from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS
+
+from scout_sglang.layout import PAD_BLOCK
+
+
+def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: torch.Tensor,
+                window_pages: torch.Tensor, out_device_pages: torch.Tensor, out_device_counts: torch.Tensor,
+                resident: torch.Tensor | None = None, slots: torch.Tensor | None = None,
+                resident_pages: torch.Tensor | None = None, only_selected_resident: bool = False,
+                host_table: torch.Tensor | None = None, capacity: int = 0, out_cpu_blocks: torch.Tensor | None = None,
+                out_cpu_pages: torch.Tensor | None = None, out_cpu_counts: torch.Tensor | None = None,
+                q: torch.Tensor | None = None, out_q: torch.Tensor | None = None,
+                counters: torch.Tensor | None = None, impl: str | None = None, validate: bool = True) -> None:
+    """Write a layer's device list, and (CPU modes) its CPU list and staged query.
+
+    Parameters
+    ----------
+    selected : [B, Hkv, K] int32 logical blocks best first (stage_select), counts : [B, Hkv] int32
+    forced_blocks : [B, W] int32 the window's full blocks (sink and local), PAD elsewhere
+    window_pages : [B, W] int32 device pages of the window's blocks ascending, PAD past them
+    out_device_pages : [B, Hkv, R + W] int32, out_device_counts : [B, Hkv] int32
+    resident, slots, resident_pages : the resident buffer (all or none): [slots, Hkv, R] int32 blocks by
+        request slot (PAD: empty), [B] int32/int64 slots, [B, R] int32 device pages of the slots
+    only_selected_resident : the device list keeps only the resident blocks that are selected (infinigen)
+    host_table, capacity, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q : the CPU part (all or
+        none): [B, NB] int32 host page of each block, C, [B, Hkv, C] int32 (x2), [B, Hkv] int32, the query
+        [B, Hq, D] and its staging [B, Hq, D] (any float dtype)
+    counters : optional [NUM_COUNTERS] int32 row; CPU and DROPPED are added
+    validate : check the arguments (the decode step checks its static buffers once and passes False)
+    """
+    if validate:
+        _check(selected, counts, forced_blocks, window_pages, out_device_pages, out_device_counts, resident, slots,
+               resident_pages, host_table, capacity, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q,
+               counters)
+    if select_impl("split_lists", selected.device.type, impl) == "triton":
+        from scout_sglang.kernels.triton.stage_split import split_lists_triton
+
+        split_lists_triton(selected, counts, forced_blocks=forced_blocks, window_pages=window_pages,
+                           resident_pages=resident_pages, host_table=host_table, resident=resident, slots=slots,
+                           only_selected_resident=only_selected_resident, out_device_pages=out_device_pages,
+                           out_device_counts=out_device_counts, capacity=capacity, out_cpu_blocks=out_cpu_blocks,
+                           out_cpu_pages=out_cpu_pages, out_cpu_counts=out_cpu_counts, q=q, out_q=out_q,
+                           counters=counters)
+        return
+    batch_size, num_kv_heads, topk = selected.shape
+    valid = torch.arange(topk, device=selected.device) < counts.unsqueeze(-1)
+    selected = torch.where(valid, selected, PAD_BLOCK)
+    window = window_pages.unsqueeze(1).expand(batch_size, num_kv_heads, -1)
+    pages, listed = window, window != PAD_BLOCK
+    if resident is not None:
+        rows = resident[slots]  # [B, Hkv, R]
+        held = rows != PAD_BLOCK
+        if only_selected_resident:
+            held = held & contains(rows, selected)
+        resident_pages = resident_pages.unsqueeze(1).expand(batch_size, num_kv_heads, -1)
+        pages, listed = torch.cat([resident_pages, window], dim=2), torch.cat([held, listed], dim=2)
+    device_pages, device_counts, _ = compact_rows(pages, listed, pages.shape[2])
+    out_device_pages.copy_(device_pages)
+    out_device_counts.copy_(device_counts)
+    if out_cpu_pages is None:
+        return
+    held = forced_blocks.unsqueeze(1).expand(batch_size, num_kv_heads, -1)
+    if resident is not None:
+        held = torch.cat([held, rows], dim=2)
+    keep = valid & ~contains(selected, held)
+    blocks, cpu_counts, wanted = compact_rows(selected, keep, capacity)
+    host = host_table.gather(1, blocks.clamp(min=0).view(batch_size, -1).long()).view_as(blocks)
+    out_cpu_blocks.copy_(blocks)
+    out_cpu_pages.copy_(torch.where(blocks != PAD_BLOCK, host, PAD_BLOCK))
+    out_cpu_counts.copy_(cpu_counts)
+    out_q.copy_(q)
+    if counters is not None:
+        counters[CPU] += cpu_counts.sum(dtype=torch.int32)
+        counters[DROPPED] += (wanted - cpu_counts).sum(dtype=torch.int32)
+
+
+def contains(values: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """values [..., A] in pool [..., P] (PAD entries of the pool never match) -> [..., A] bool."""
+    same = values.unsqueeze(-1) == pool.unsqueeze(-2)
+    return (same & (pool != PAD_BLOCK).unsqueeze(-2)).any(dim=-1)
+
+
+def compact_rows(values: torch.Tensor, keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kept entries of values [..., X] moved to the front in order, capped at `width`
+    -> (rows [..., width] int32 PAD past the count, counts [...] int32, kept [...] int32 before the cap)."""
+    position = torch.cumsum(keep.to(torch.int32), dim=-1) - 1
+    position = torch.where(keep & (position < width), position, width)  # the rest lands in a dump column
+    staged = torch.full((*values.shape[:-1], width + 1), PAD_BLOCK, dtype=torch.int32, device=values.device)
+    staged.scatter_(-1, position.long(), values.to(torch.int32))
+    kept = keep.sum(dim=-1, dtype=torch.int32)
+    return staged[..., :width], kept.clamp(max=width), kept
+
+
+def _check(selected, counts, forced_blocks, window_pages, out_device_pages, out_device_counts, resident, slots,
+           resident_pages, host_table, capacity, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q, counters):
+    rows, index = "rows", (torch.int32,)
+    check_tensor("selected", selected, ndim=3, dtypes=index, contiguous=rows)
+    device = selected.device
+    batch_size, num_kv_heads, _ = selected.shape
+    check_tensor("counts", counts, dtypes=index, device=device, contiguous=rows)
+    check_shape("counts", counts, (batch_size, num_kv_heads))
+    check_tensor("forced_blocks", forced_blocks, ndim=2, dtypes=index, device=device, contiguous=rows)
+    width = forced_blocks.shape[1]
+    check_tensor("window_pages", window_pages, dtypes=index, device=device, contiguous=rows)
+    check_shape("window_pages", window_pages, (batch_size, width))
+    parts = (resident, slots, resident_pages)
+    if any(t is not None for t in parts) and any(t is None for t in parts):
+        raise ValueError("resident, slots and resident_pages go together: pass all or none")
+    num_resident = 0
+    if resident is not None:
+        check_tensor("resident", resident, ndim=3, dtypes=index, device=device, contiguous=rows)
+        num_resident = resident.shape[2]
+        if resident.shape[1] != num_kv_heads:
+            raise ValueError(f"resident must be [slots, {num_kv_heads}, R], got {tuple(resident.shape)}")
+        check_tensor("slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), device=device, contiguous=False)
+        check_shape("slots", slots, (batch_size,))
+        check_tensor("resident_pages", resident_pages, dtypes=index, device=device, contiguous=rows)
+        check_shape("resident_pages", resident_pages, (batch_size, num_resident))
+    check_tensor("out_device_pages", out_device_pages, dtypes=index, device=device, contiguous=rows)
+    check_shape("out_device_pages", out_device_pages, (batch_size, num_kv_heads, num_resident + width))
+    check_tensor("out_device_counts", out_device_counts, dtypes=index, device=device, contiguous=rows)
+    check_shape("out_device_counts", out_device_counts, (batch_size, num_kv_heads))
+    cpu = (host_table, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q)
+    if any(t is not None for t in cpu):
+        if any(t is None for t in cpu):
+            raise ValueError("the CPU part needs host_table, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q and "
+                             "out_q")
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        check_tensor("host_table", host_table, ndim=2, dtypes=index, device=device, contiguous=rows)
+        for name, t in (("out_cpu_blocks", out_cpu_blocks), ("out_cpu_pages", out_cpu_pages)):
+            check_tensor(name, t, dtypes=index, contiguous=rows)
+            check_shape(name, t, (batch_size, num_kv_heads, capacity))
+        check_tensor("out_cpu_counts", out_cpu_counts, dtypes=index, contiguous=rows)
+        check_shape("out_cpu_counts", out_cpu_counts, (batch_size, num_kv_heads))
+        check_tensor("q", q, ndim=3, device=device, contiguous=rows)
+        if q.shape[0] != batch_size or q.shape[1] % num_kv_heads:
+            raise ValueError(f"q must be [{batch_size}, a multiple of {num_kv_heads}, D], got {tuple(q.shape)}")
+        check_tensor("out_q", out_q, contiguous=rows)
+        check_shape("out_q", out_q, q.shape)
+    if counters is not None:
+        check_tensor("counters", counters, dtypes=index, device=device)
+        check_shape("counters", counters, (NUM_COUNTERS,))

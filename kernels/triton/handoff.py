@@ -1,0 +1,127 @@
+"""The CPU part's hand-off on a CUDA stream: ring the doorbell, wait for the worker with a deadline, merge.
+
+digest -> select -> split -> device part / CPU part -> **merge**. Protocol and
+words: scout_sglang.handoff_words. Both the ring and the wait are one-program
+kernels, so a captured CUDA graph replays them with the step (no host step):
+
+    ring   after the split stage staged the part: ROWS, then DOORBELL = SEQ (release, system scope), and the
+           ring time (%globaltimer) for the deadline; nothing when the plan says BYPASS (device-only)
+    wait   spin on DONE (volatile, system scope) until it equals SEQ or the deadline passes: the layer's status
+           is the worker's STATUS, DEADLINE, or DEVICE_ONLY (bypass)
+
+A device stream wait can never time out on its own, so the spin reads the
+GPU's global timer and gives up (TransformerEngine waits on a flag the same
+way, then resets it; the sequence number makes a reset unnecessary here).
+
+The merge takes the worker's result where the status is OK and the fallback's
+otherwise (the part computed on the device from the same staging, a sparse
+decode whose counts are zeroed where the status is OK).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from scout_sglang.kernels.triton.sizes import cdiv, p2
+
+from scout_sglang.handoff_words import (
+    DONE,
+    DOORBELL,
+    HEADER_BYPASS,
+    HEADER_ROWS,
+    HEADER_SEQ,
+    ROWS,
+    STATUS,
+    STATUS_DEADLINE,
+    STATUS_DEVICE_ONLY,
+)
+
+
+@triton.jit
+def _global_ns():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _ring_kernel(header_ptr, words_ptr, ring_ns_ptr, SEQ: tl.constexpr, ROWS_H: tl.constexpr,
+                 BYPASS: tl.constexpr, ROWS_W: tl.constexpr, DOORBELL_W: tl.constexpr):
+    if tl.load(header_ptr + BYPASS) == 0:
+        tl.store(words_ptr + ROWS_W, tl.load(header_ptr + ROWS_H))
+        tl.atomic_xchg(words_ptr + DOORBELL_W, tl.load(header_ptr + SEQ), sem="release", scope="sys")
+    tl.store(ring_ns_ptr, _global_ns())
+
+
+@triton.jit
+def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, deadline_ns,
+                 SEQ: tl.constexpr, BYPASS: tl.constexpr, DONE_W: tl.constexpr, STATUS_W: tl.constexpr,
+                 LATE: tl.constexpr, DEVICE_ONLY: tl.constexpr):
+    seq = tl.load(header_ptr + SEQ)
+    start = _global_ns()
+    if tl.load(header_ptr + BYPASS) != 0:
+        tl.store(status_ptr, DEVICE_ONLY)
+    else:
+        give_up = tl.load(ring_ns_ptr) + deadline_ns
+        done = tl.load(words_ptr + DONE_W, volatile=True)
+        now = start
+        while (done != seq) & (now < give_up):
+            done = tl.load(words_ptr + DONE_W, volatile=True)
+            now = _global_ns()
+        worker = tl.load(words_ptr + STATUS_W, volatile=True)
+        tl.store(status_ptr, tl.where(done == seq, worker, LATE))
+    tl.store(wait_ns_ptr, tl.load(wait_ns_ptr) + (_global_ns() - start))
+
+
+@triton.jit
+def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, out_ptr,
+                           stride_o_row, stride_o_head, stride_lse_row, stride_cpu_o_row, stride_cpu_o_head,
+                           stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row, stride_out_row,
+                           stride_out_head, num_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    # grid: (rows, cdiv(H, BLOCK_H)); natural-log LSE merge of the device part with the CPU part or its fallback.
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    in_h = h < num_heads
+    tile = in_h[:, None] & (d < HEAD_DIM)[None, :]
+    worker = (h * 0 + tl.load(status_ptr)) == 0  # the worker's result is good
+    fallback = ~worker
+    lse_a = tl.load(lse_ptr + row * stride_lse_row + h, mask=in_h, other=float("-inf"))
+    o_a = tl.load(o_ptr + row * stride_o_row + h[:, None] * stride_o_head + d[None, :], mask=tile, other=0.0)
+    lse_b = tl.where(worker, tl.load(cpu_lse_ptr + row * stride_cpu_lse_row + h, mask=in_h & worker, other=0.0),
+                     tl.load(fb_lse_ptr + row * stride_fb_lse_row + h, mask=in_h & fallback, other=0.0))
+    o_b = tl.where(worker[:, None],
+                   tl.load(cpu_o_ptr + row * stride_cpu_o_row + h[:, None] * stride_cpu_o_head + d[None, :],
+                           mask=tile & worker[:, None], other=0.0),
+                   tl.load(fb_o_ptr + row * stride_fb_o_row + h[:, None] * stride_fb_o_head + d[None, :],
+                           mask=tile & fallback[:, None], other=0.0).to(tl.float32))
+    lse_b = tl.where(in_h, lse_b, float("-inf"))
+    m = tl.maximum(lse_a, lse_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp(lse_a - m_safe)
+    w_b = tl.exp(lse_b - m_safe)
+    total = w_a + w_b
+    out = (w_a[:, None] * o_a.to(tl.float32) + w_b[:, None] * o_b) / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + row * stride_out_row + h[:, None] * stride_out_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=tile)
+
+
+def ring_triton(header, words, ring_ns) -> None:
+    _ring_kernel[(1,)](header, words, ring_ns, SEQ=HEADER_SEQ, ROWS_H=HEADER_ROWS, BYPASS=HEADER_BYPASS,
+                       ROWS_W=ROWS, DOORBELL_W=DOORBELL)
+
+
+def wait_triton(header, words, ring_ns, status, wait_ns, *, deadline_ns: int) -> None:
+    _wait_kernel[(1,)](header, words, ring_ns, status, wait_ns, deadline_ns, SEQ=HEADER_SEQ, BYPASS=HEADER_BYPASS,
+                       DONE_W=DONE, STATUS_W=STATUS, LATE=STATUS_DEADLINE, DEVICE_ONLY=STATUS_DEVICE_ONLY)
+
+
+def merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out) -> None:
+    rows, num_heads, head_dim = o.shape
+    if rows == 0:
+        return
+    block_h = 8
+    _merge_cpu_part_kernel[(rows, cdiv(num_heads, block_h))](
+        o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out, o.stride(0), o.stride(1), lse.stride(0), cpu_o.stride(0),
+        cpu_o.stride(1), cpu_lse.stride(0), fb_o.stride(0), fb_o.stride(1), fb_lse.stride(0), out.stride(0),
+        out.stride(1), num_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=p2(head_dim),
+    )  # fmt: skip

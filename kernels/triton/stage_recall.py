@@ -1,0 +1,222 @@
+"""The resident-buffer stage of the decode step, one program per (request, KV head).
+
+digest -> select -> split -> device part / CPU part -> merge -> **recall**.
+Each program owns one row of the resident map (the blocks its R slots hold)
+and applies, in order, the phases the launch enables:
+
+    admit   the block leaving the local window takes the first empty slot (copied from its window page)
+    fill    at the row's first selection: the selected blocks the window does not hold (slot order victims)
+    recall  infinigen: the same candidates by score; scout: the CPU list, when recall is due
+
+Victims of fill and recall: empty slots first, then blocks outside the current
+selection by score ascending (fill: by slot), ties to the lower slot; the
+candidates come in best first, at most `quota` of them per row and call.
+Every applied move is copied right here, host page -> resident page (K and V of
+this head), reading the page-locked host store through unified addressing on
+CUDA: no host step, no separate copy launch.
+
+The victim order is a rank: slot r's rank is the number of slots that sort
+before it by (class, score, slot), an [R, R] comparison; candidate c goes to
+the slot whose rank is c's rank among the wanted candidates.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+from scout_sglang.kernels.step_counters import DROPPED, RECALLED
+from scout_sglang.kernels.triton.lists import contains, place, rank_of
+from scout_sglang.kernels.triton.sizes import p2
+
+from scout_sglang.layout import PAD_BLOCK
+
+RECALL_NONE, RECALL_SELECTED, RECALL_CPU = 0, 1, 2
+DUE_INTERVAL, DUE_ADAPTIVE = 0, 1
+
+
+@triton.jit
+def _copy_block(src_k, src_v, dst_k, dst_v, src_page, dst_page, head, stride_src_page, stride_src_head,
+                stride_src_tok, stride_dst_page, stride_dst_head, stride_dst_tok, mask, s, d):
+    # One (page, head) block of K and of V: [S, D] each.
+    src = src_page.to(tl.int64) * stride_src_page + head * stride_src_head + s[:, None] * stride_src_tok + d[None, :]
+    dst = dst_page.to(tl.int64) * stride_dst_page + head * stride_dst_head + s[:, None] * stride_dst_tok + d[None, :]
+    tl.store(dst_k + dst, tl.load(src_k + src, mask=mask), mask=mask)
+    tl.store(dst_v + dst, tl.load(src_v + src, mask=mask), mask=mask)
+
+
+@triton.jit
+def _pick(vector, lanes, i):
+    return tl.sum(tl.where(lanes == i, vector, 0), axis=0)
+
+
+@triton.jit
+def _bring_in(row, slots_r, candidates, selected, sel_valid, vscore, quota, R: tl.constexpr, PAD: tl.constexpr):
+    """-> (new row, applied [C], destination slot [C]) of candidates entering the row."""
+    occupied = row != PAD
+    wanted = (candidates != PAD) & ~contains(candidates, row, occupied)
+    in_slot = slots_r < R
+    vclass = tl.where(in_slot & ~occupied, 0, tl.where(in_slot & ~contains(row, selected, sel_valid), 1, 2))
+    # slot j sorts before slot i: by class, then score, then slot
+    ci, cj = vclass[:, None], vclass[None, :]
+    si, sj = vscore[:, None], vscore[None, :]
+    before = (cj < ci) | ((cj == ci) & ((sj < si) | ((sj == si) & (slots_r[None, :] < slots_r[:, None]))))
+    vrank = tl.sum(before.to(tl.int32), axis=1)
+    num_victims = tl.sum((vclass < 2).to(tl.int32), axis=0)
+    crank = rank_of(wanted)
+    applied = wanted & (crank < num_victims) & (crank < quota)
+    is_victim = vclass < 2
+    hit = (vrank[None, :] == crank[:, None]) & is_victim[None, :]  # [C, R]
+    dst = tl.sum(tl.where(hit, slots_r[None, :], 0), axis=1)
+    lands = applied[:, None] & (dst[:, None] == slots_r[None, :])  # [C, R]
+    gets = tl.max(lands.to(tl.int32), axis=0) > 0
+    new_row = tl.where(gets, tl.sum(tl.where(lands, candidates[:, None], 0), axis=0), row)
+    return new_row, applied, dst
+
+
+@triton.jit
+def _resident_row_kernel(
+    resident_ptr, slots_ptr, resident_pages_ptr, host_table_ptr, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
+    selected_ptr, counts_ptr, num_full_ptr, forced_ptr, quota_ptr, leaving_block_ptr, leaving_page_ptr, ready_ptr,
+    scores_ptr, cpu_blocks_ptr, cpu_counts_ptr, due_ptr, counters_ptr,
+    stride_res_slot, stride_res_head, stride_slots, stride_res_pages_batch, stride_host_table_batch,
+    stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head, stride_dev_tok,
+    stride_sel_batch, stride_sel_head, stride_counts_batch, stride_num_full, stride_forced_batch, stride_quota_batch,
+    stride_leaving_block, stride_leaving_page, stride_ready_slot, stride_scores_batch, stride_scores_head,
+    stride_cpu_blocks_batch, stride_cpu_blocks_head, stride_cpu_counts_batch, stride_due,
+    recall_beta,
+    R: tl.constexpr, R_P2: tl.constexpr, TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr,
+    CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, SIZE_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    ADMIT: tl.constexpr, FILL: tl.constexpr, RECALL: tl.constexpr, DUE: tl.constexpr, PAD: tl.constexpr,
+    RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+):  # fmt: skip
+    # grid: (B, Hkv).
+    batch = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slots_ptr + batch * stride_slots).to(tl.int64)
+    r = tl.arange(0, R_P2)
+    row_ptr = resident_ptr + slot * stride_res_slot + head * stride_res_head + r
+    row = tl.load(row_ptr, mask=r < R, other=PAD)
+    pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < R, other=0)
+    s = tl.arange(0, SIZE_P2)
+    d = tl.arange(0, DIM_P2)
+    tile = (s < BLOCK_SIZE)[:, None] & (d < HEAD_DIM)[None, :]
+    k = tl.arange(0, TOPK_P2)
+    count = tl.load(counts_ptr + batch * stride_counts_batch + head)
+    sel_valid = k < count
+    selected = tl.load(selected_ptr + batch * stride_sel_batch + head * stride_sel_head + k, mask=sel_valid, other=PAD)
+    columns = tl.arange(0, WIDTH_P2)
+    forced = tl.load(forced_ptr + batch * stride_forced_batch + columns, mask=columns < WIDTH, other=PAD)
+    unforced = tl.where(sel_valid & ~contains(selected, forced, forced != PAD), selected, PAD)
+    quota = tl.load(quota_ptr + batch * stride_quota_batch + head)
+    host_row = host_table_ptr + batch * stride_host_table_batch
+
+    if ADMIT:  # the block leaving the local window: first empty slot, nothing evicted
+        leaving = tl.load(leaving_block_ptr + batch * stride_leaving_block)
+        window_page = tl.load(leaving_page_ptr + batch * stride_leaving_page)
+        empty = (row == PAD) & (r < R)
+        first_empty = tl.min(tl.where(empty, r, R_P2), axis=0)
+        admit = (leaving != PAD) & (first_empty < R) & (tl.sum((row == leaving).to(tl.int32), axis=0) == 0)
+        row = tl.where((r == first_empty) & admit, leaving, row)
+        _copy_block(dev_k_ptr, dev_v_ptr, dev_k_ptr, dev_v_ptr, window_page, _pick(pages, r, first_empty), head,
+                    stride_dev_page, stride_dev_head, stride_dev_tok, stride_dev_page, stride_dev_head,
+                    stride_dev_tok, tile & (s * 0 + admit.to(tl.int32) != 0)[:, None], s, d)
+
+    if FILL:  # the row's first selection: victims in slot order
+        ready = tl.load(ready_ptr + slot * stride_ready_slot + head)
+        pending = (ready == 0) & (tl.load(num_full_ptr + batch * stride_num_full) > 0)
+        candidates = tl.where((k * 0 + pending.to(tl.int32)) != 0, unforced, PAD)
+        row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, tl.zeros((R_P2,), tl.float32), quota,
+                                      R, PAD)
+        _copy_moves(candidates, applied, dst, pages, r, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
+                    head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
+                    stride_dev_tok, tile, s, d)
+        tl.store(ready_ptr + slot * stride_ready_slot + head, (ready != 0) | pending)
+
+    if RECALL != 0:  # 1: infinigen's selected blocks; 2: scout's CPU list, when due
+        occupied = (row != PAD) & (r < R)
+        vscore = tl.load(scores_ptr + batch * stride_scores_batch + head * stride_scores_head + row, mask=occupied,
+                         other=0.0)
+        if RECALL == 1:
+            candidates = unforced
+            lanes = k
+        else:
+            lanes = tl.arange(0, CAPACITY_P2)
+            h = tl.arange(0, HEADS_P2)
+            cpu_counts = tl.load(cpu_counts_ptr + batch * stride_cpu_counts_batch + h, mask=h < NUM_KV_HEADS, other=0)
+            if DUE == 0:
+                due = tl.load(due_ptr + batch * stride_due) != 0
+            else:  # adaptive: the CPU's share of the request's selection passed beta
+                sel_counts = tl.load(counts_ptr + batch * stride_counts_batch + h, mask=h < NUM_KV_HEADS, other=0)
+                num_selected = tl.sum(sel_counts, axis=0)
+                share = tl.sum(cpu_counts, axis=0).to(tl.float64) / tl.maximum(num_selected, 1).to(tl.float64)
+                due = (num_selected > 0) & (share > recall_beta)
+            cpu_count = _pick(cpu_counts, h, head)
+            listed = (lanes < cpu_count) & ((lanes * 0 + due.to(tl.int32)) != 0)
+            candidates = tl.load(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head
+                                 + lanes, mask=listed, other=PAD)
+        row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, vscore, quota, R, PAD)
+        _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                    dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                    stride_dev_head, stride_dev_tok, tile, s, d)
+        tl.atomic_add(counters_ptr + RECALLED_COL, tl.sum(applied.to(tl.int32), axis=0))
+        if RECALL == 1:
+            left_out = (candidates != PAD) & ~contains(candidates, row, row != PAD)
+            tl.atomic_add(counters_ptr + DROPPED_COL, tl.sum(left_out.to(tl.int32), axis=0))
+
+    tl.store(row_ptr, row, mask=r < R)
+
+
+@triton.jit
+def _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
+                head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
+                stride_dev_tok, tile, s, d):
+    # The applied moves, compacted, then one block copy each (host page -> resident page).
+    order = rank_of(applied)
+    num_moves = tl.sum(applied.to(tl.int32), axis=0)
+    blocks = place(candidates, order, applied, lanes.shape[0])
+    slots = place(dst, order, applied, lanes.shape[0])
+    for i in range(num_moves):
+        src_page = tl.load(host_row + _pick(blocks, lanes, i))
+        _copy_block(host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, src_page, _pick(pages, r, _pick(slots, lanes, i)),
+                    head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
+                    stride_dev_tok, tile, s, d)
+
+
+@functools.cache
+def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_dim, admit, fill, recall, interval):
+    return dict(R=num_resident, R_P2=p2(num_resident), TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width),
+                CAPACITY=capacity, CAPACITY_P2=p2(capacity), NUM_KV_HEADS=num_kv_heads, HEADS_P2=p2(num_kv_heads),
+                BLOCK_SIZE=block_size, SIZE_P2=p2(block_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), ADMIT=admit,
+                FILL=fill, RECALL={None: RECALL_NONE, "selected": RECALL_SELECTED, "cpu": RECALL_CPU}[recall],
+                DUE=DUE_INTERVAL if interval else DUE_ADAPTIVE, PAD=PAD_BLOCK, RECALLED_COL=RECALLED,
+                DROPPED_COL=DROPPED)
+
+
+def _or(tensor, unused, n):
+    """(tensor, its first n strides), or a pointer a disabled phase never reads and zero strides."""
+    return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
+
+
+def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected,
+                        counts, num_full, forced_blocks, quota, leaving_block, leaving_page, ready, scores,
+                        cpu_blocks, cpu_counts, recall_due, recall_beta, admit, fill, recall, counters) -> None:
+    """Launch the resident-buffer stage; arguments as stage_recall.bring_in (validated there)."""
+    batch_size, num_kv_heads, topk = selected.shape
+    if batch_size == 0:
+        return
+    config = _config(resident.shape[2], topk, forced_blocks.shape[1], 0 if cpu_blocks is None else cpu_blocks.shape[2],
+                     num_kv_heads, dev_k.shape[2], dev_k.shape[3], admit, fill, recall, recall_due is not None)
+    (leaving_block, s_lb), (leaving_page, s_lp), (ready, s_ready) = (
+        _or(leaving_block, counts, 1), _or(leaving_page, counts, 1), _or(ready, counts, 1))
+    (scores, s_scores), (cpu_blocks, s_cpu_b), (cpu_counts, s_cpu_c), (recall_due, s_due) = (
+        _or(scores, counts, 2), _or(cpu_blocks, counts, 2), _or(cpu_counts, counts, 1), _or(recall_due, counts, 1))
+    _resident_row_kernel[(batch_size, num_kv_heads)](
+        resident, slots, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected, counts, num_full,
+        forced_blocks, quota, leaving_block, leaving_page, ready, scores, cpu_blocks, cpu_counts, recall_due, counters,
+        *resident.stride()[:2], slots.stride(0), resident_pages.stride(0), host_table.stride(0),
+        *host_k.stride()[:3], *dev_k.stride()[:3], *selected.stride()[:2], counts.stride(0), num_full.stride(0),
+        forced_blocks.stride(0), quota.stride(0), *s_lb, *s_lp, *s_ready, *s_scores, *s_cpu_b, *s_cpu_c, *s_due,
+        float(recall_beta), **config)

@@ -1,0 +1,144 @@
+"""The split stage of the decode step, one program per (request, KV head).
+
+digest -> select -> **split** -> device part / CPU part -> merge. From the
+selection it writes the two lists a layer attends:
+
+    device list [R + W]: resident pages that hold a block (infinigen: a selected one), in slot order,
+                         then the window's pages (sink, local blocks, partial tail), ascending
+    CPU list    [C]:     selected blocks, best first, that neither the window nor the resident buffer
+                         holds, capped at C; as logical blocks and as host pages (the hand-off's lists)
+
+and stages the query rows of the KV head for the CPU worker. Compaction keeps
+the order by placing entry i at its rank among the kept ones (lists.place): no
+scatter, so every output row is written by one vector store.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+from scout_sglang.kernels.step_counters import CPU, DROPPED
+from scout_sglang.kernels.triton.lists import contains, place, rank_of
+from scout_sglang.kernels.triton.sizes import p2
+
+from scout_sglang.layout import PAD_BLOCK
+
+
+@triton.jit
+def _split_lists_kernel(
+    selected_ptr, counts_ptr, forced_ptr, window_pages_ptr, resident_pages_ptr, host_table_ptr, resident_ptr,
+    slots_ptr, dev_pages_ptr, dev_counts_ptr, cpu_blocks_ptr, cpu_pages_ptr, cpu_counts_ptr, q_ptr, q_out_ptr,
+    counters_ptr,
+    stride_sel_batch, stride_sel_head, stride_counts_batch, stride_forced_batch, stride_window_batch,
+    stride_res_pages_batch, stride_host_batch, stride_res_slot, stride_res_head, stride_slots,
+    stride_dev_batch, stride_dev_head, stride_dev_counts_batch, stride_cpu_blocks_batch, stride_cpu_blocks_head,
+    stride_cpu_pages_batch, stride_cpu_pages_head, stride_cpu_counts_batch, stride_q_batch, stride_q_head,
+    stride_q_out_batch, stride_q_out_head,
+    TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, RESIDENT: tl.constexpr,
+    RESIDENT_P2: tl.constexpr, DEVICE_P2: tl.constexpr, CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr,
+    HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+    PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+):  # fmt: skip
+    # grid: (B, Hkv).
+    batch = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    rank = tl.arange(0, TOPK_P2)
+    count = tl.load(counts_ptr + batch * stride_counts_batch + head)
+    sel_valid = rank < count
+    selected = tl.load(selected_ptr + batch * stride_sel_batch + head * stride_sel_head + rank, mask=sel_valid,
+                       other=PAD)
+    columns = tl.arange(0, WIDTH_P2)
+    window = tl.load(window_pages_ptr + batch * stride_window_batch + columns, mask=columns < WIDTH, other=PAD)
+    in_window = window != PAD
+    lanes = tl.arange(0, DEVICE_P2)
+    if HAS_RESIDENT:
+        slot = tl.load(slots_ptr + batch * stride_slots).to(tl.int64)
+        r = tl.arange(0, RESIDENT_P2)
+        resident = tl.load(resident_ptr + slot * stride_res_slot + head * stride_res_head + r, mask=r < RESIDENT,
+                           other=PAD)
+        occupied = resident != PAD
+        held = occupied
+        if ONLY_SELECTED_RESIDENT:  # infinigen attends the resident blocks it selected
+            held = occupied & contains(resident, selected, sel_valid)
+        resident_pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < RESIDENT,
+                                 other=PAD)
+        num_resident = tl.sum(held.to(tl.int32), axis=0)
+        device = place(resident_pages, rank_of(held), held, DEVICE_P2)
+        device += place(window, num_resident + rank_of(in_window), in_window, DEVICE_P2)
+    else:
+        num_resident = 0
+        device = place(window, rank_of(in_window), in_window, DEVICE_P2)
+    num_device = num_resident + tl.sum(in_window.to(tl.int32), axis=0)
+    tl.store(dev_pages_ptr + batch * stride_dev_batch + head * stride_dev_head + lanes,
+             tl.where(lanes < num_device, device, PAD), mask=lanes < RESIDENT + WIDTH)
+    tl.store(dev_counts_ptr + batch * stride_dev_counts_batch + head, num_device)
+
+    if CPU_LISTS:
+        forced = tl.load(forced_ptr + batch * stride_forced_batch + columns, mask=columns < WIDTH, other=PAD)
+        on_device = contains(selected, forced, forced != PAD)
+        if HAS_RESIDENT:
+            on_device = on_device | contains(selected, resident, occupied)
+        keep = sel_valid & ~on_device
+        position = rank_of(keep)
+        wanted = tl.sum(keep.to(tl.int32), axis=0)
+        num_cpu = tl.minimum(wanted, CAPACITY)
+        c = tl.arange(0, CAPACITY_P2)
+        listed = c < num_cpu
+        blocks = tl.where(listed, place(selected, position, keep & (position < CAPACITY), CAPACITY_P2), PAD)
+        pages = tl.load(host_table_ptr + batch * stride_host_batch + blocks, mask=listed, other=PAD)
+        tl.store(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head + c, blocks,
+                 mask=c < CAPACITY)
+        tl.store(cpu_pages_ptr + batch * stride_cpu_pages_batch + head * stride_cpu_pages_head + c, pages,
+                 mask=c < CAPACITY)
+        tl.store(cpu_counts_ptr + batch * stride_cpu_counts_batch + head, num_cpu)
+        tl.atomic_add(counters_ptr + CPU_COL, num_cpu)
+        tl.atomic_add(counters_ptr + DROPPED_COL, wanted - num_cpu)
+        # The query rows of this KV head, in the dtype of the staging buffer.
+        g = tl.arange(0, GROUP_P2)
+        d = tl.arange(0, DIM_P2)
+        q_heads = head * GROUP_SIZE + g
+        mask = (g < GROUP_SIZE)[:, None] & (d < HEAD_DIM)[None, :]
+        q = tl.load(q_ptr + batch * stride_q_batch + q_heads[:, None] * stride_q_head + d[None, :], mask=mask)
+        tl.store(q_out_ptr + batch * stride_q_out_batch + q_heads[:, None] * stride_q_out_head + d[None, :],
+                 q.to(q_out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, group_size, head_dim):
+    return dict(TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width), RESIDENT=num_resident, RESIDENT_P2=p2(num_resident),
+                DEVICE_P2=p2(num_resident + width), CAPACITY=capacity, CAPACITY_P2=p2(capacity),
+                HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists,
+                GROUP_SIZE=group_size, GROUP_P2=p2(group_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), PAD=PAD_BLOCK,
+                CPU_COL=CPU, DROPPED_COL=DROPPED)
+
+
+def _or(tensor, unused, n):
+    """(tensor, its first n strides), or a pointer a disabled branch never reads and zero strides."""
+    return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
+
+
+def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,
+                       only_selected_resident, out_device_pages, out_device_counts, capacity, out_cpu_blocks,
+                       out_cpu_pages, out_cpu_counts, q, out_q, counters) -> None:
+    """Launch the split stage; arguments as stage_split.split_lists (validated there)."""
+    batch_size, num_kv_heads, topk = selected.shape
+    if batch_size == 0:
+        return
+    cpu_lists = out_cpu_pages is not None
+    num_qo_heads, head_dim = (q.shape[1], q.shape[2]) if cpu_lists else (num_kv_heads, 1)
+    config = _config(topk, window_pages.shape[1], 0 if resident is None else resident.shape[2], capacity,
+                     only_selected_resident, cpu_lists, num_qo_heads // num_kv_heads, head_dim)
+    (resident_pages, s_rp), (host_table, s_ht), (resident, s_res), (slots, s_slots) = (
+        _or(resident_pages, counts, 1), _or(host_table, counts, 1), _or(resident, counts, 2), _or(slots, counts, 1))
+    (out_cpu_blocks, s_cb), (out_cpu_pages, s_cp), (out_cpu_counts, s_cc) = (
+        _or(out_cpu_blocks, counts, 2), _or(out_cpu_pages, counts, 2), _or(out_cpu_counts, counts, 1))
+    (q, s_q), (out_q, s_oq), (counters, _) = _or(q, counts, 2), _or(out_q, counts, 2), _or(counters, counts, 0)
+    _split_lists_kernel[(batch_size, num_kv_heads)](
+        selected, counts, forced_blocks, window_pages, resident_pages, host_table, resident, slots, out_device_pages,
+        out_device_counts, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q, counters,
+        *selected.stride()[:2], counts.stride(0), forced_blocks.stride(0), window_pages.stride(0), *s_rp, *s_ht, *s_res,
+        *s_slots, *out_device_pages.stride()[:2], out_device_counts.stride(0), *s_cb, *s_cp, *s_cc, *s_q, *s_oq,
+        **config)

@@ -1,0 +1,228 @@
+"""The decode step of one layer as a fixed sequence of fused stages, over the step plan and static buffers.
+
+digest -> select -> split -> device part / CPU part -> merge -> recall. An
+offloaded layer (scout shown; the other modes drop stages):
+
+    front (one layer ahead, from the predicted query; in the layer itself without a prediction)
+      score     Quest scores of every full block                               kernels.score_blocks
+      select    top-k, sink and local forced, the change count                 kernels.stage_select
+      admit+fill  the block leaving the window; a row's first selection        kernels.stage_recall
+                (infinigen: + the recall of its selection)
+      split     device list; CPU list and query into the hand-off's staging    kernels.stage_split
+      ring      the worker may start                                           kernels.cpu_part / cpu_handoff
+    attend (the layer's own query)
+      append    the token; a completed block's digest and host copy            kernels.stage_append
+      decode    resident blocks + window -> (o, lse)                           kernels.sparse_decode
+      resolve   wait (deadline), fallback if the worker failed, merge          cpu_handoff
+      recall    CPU-list blocks into the resident buffer, when due             kernels.stage_recall
+
+A device-full layer (dense layers; modes full and quest) appends, (quest)
+scores and selects with the page list, and decodes. Every call passes
+validate=False: the buffers are the engine's static ones, checked when they
+were made. On CUDA each stage is one Triton launch (two for a split decode);
+on the CPU a fixed sequence of torch ops. Nothing reads a device value back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scout_sglang import kernels
+from scout_sglang.core.launch_program import LaunchPrograms
+from scout_sglang.kernels.stage_append import append_token
+from scout_sglang.kernels.stage_recall import bring_in
+from scout_sglang.kernels.stage_select import select_blocks
+from scout_sglang.kernels.stage_split import split_lists
+
+RESIDENT_MODES = ("scout", "infinigen")
+CPU_MODES = ("scout", "hgca")
+
+
+class LayerStages:
+    """The stage calls of one layer (module docstring), bound to an engine's stores, buffers and hand-off."""
+
+    def __init__(self, engine):
+        config = engine.config
+        self.engine = engine
+        self.config, self.shape = config, engine.shape
+        self.offloaded, self.full_store, self.buffers = engine.offloaded, engine.full_store, engine.buffers
+        self.handoff = engine.handoff
+        self.scale = engine.shape.softmax_scale
+        self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_blocks > 0
+        self.cpu_part = config.mode in CPU_MODES
+        self.recalls = config.mode == "scout" and config.recall_policy != "off" and self.resident
+        self.stage_impl = engine.stage_impl
+        self.decode_impl = engine.decode_impl
+        self.recall_index = {layer: i for i, layer in enumerate(engine.offloaded_layers)}
+        self.on_cuda = engine.device.type == "cuda"
+        # The Triton path replays each layer's recorded launches (launch_program.py); the torch path runs its ops.
+        triton = self.stage_impl == "triton" or (self.on_cuda and self.stage_impl is None)
+        self.programs = LaunchPrograms() if triton and engine.replay_launches else None
+
+    # -- offloaded layers ----------------------------------------------------------------
+    def front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
+        """Select, fill, split and ring for `layer` from query q [rows, Hq, D] (predicted or real)."""
+        handoff, cuda = self.handoff, self.on_cuda
+        if self.programs is None or trace is not None:
+            self.select_split(layer, q, trace=trace)
+            if handoff is not None:
+                handoff.ring(layer, self.engine.plan)
+            return
+        self.programs.run("front", self._step_key(layer), lambda q: self._front_launches(layer, q), q=q)
+        if handoff is not None and not cuda:  # the CPU device rings from the host
+            handoff.ring(layer, self.engine.plan)
+
+    def _front_launches(self, layer: int, q: torch.Tensor) -> None:
+        self.select_split(layer, q)
+        if self.handoff is not None and self.on_cuda:
+            self.handoff.ring(layer, self.engine.plan)
+
+    def _step_key(self, layer: int) -> tuple:
+        """What the recorded launches of a layer depend on besides the call's tensors: the plan's layout."""
+        plan = self.engine.plan
+        return (layer, plan.rows, plan.host_table.shape[1] if plan.host_table is not None else 0,
+                plan.full_table.shape[1] if plan.full_table is not None else 0)
+
+    def select_split(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
+        """The front's tensor program: score, select, admit and fill (infinigen: recall), split."""
+        plan, store, chosen = self.engine.plan, self.offloaded, self.buffers.of(layer)
+        rows, impl, config = plan.rows, self.stage_impl, self.config
+        scores = chosen.scores[:rows, :, : plan.host_table.shape[1]]
+        kernels.score_blocks(q, store.digest_min[layer], store.digest_max[layer], plan.host_table, plan.num_full,
+                             out=scores, impl=impl, validate=False)
+        select_blocks(scores, plan.num_full, topk=config.topk_blocks, num_sink_blocks=config.sink_blocks,
+                      num_local_blocks=config.local_blocks, out_selected=chosen.selected[:rows],
+                      out_counts=chosen.counts[:rows], previous=self.engine.previous.get(layer), slots=plan.slots,
+                      counters=self.buffers.counters[layer], impl=impl, validate=False)
+        if self.resident:
+            recall = "selected" if config.mode == "infinigen" else None
+            if trace is None:
+                self._bring_in(layer, scores, admit=True, fill=True, recall=recall)
+            else:  # tests: the rows between admission and fill, for the oracle
+                self._bring_in(layer, scores, admit=True)
+                trace.resident_start[layer] = store.resident_map[layer][plan.slots_long].tolist()
+                self._bring_in(layer, scores, fill=True, recall=recall)
+        cpu = self.handoff is not None
+        split_lists(chosen.selected[:rows], chosen.counts[:rows], forced_blocks=plan.forced_blocks,
+                    window_pages=plan.window_pages, out_device_pages=chosen.device_pages[:rows],
+                    out_device_counts=chosen.device_counts[:rows],
+                    resident=store.resident_map[layer] if self.resident else None,
+                    slots=plan.slots if self.resident else None,
+                    resident_pages=plan.resident_pages if self.resident else None,
+                    only_selected_resident=config.mode == "infinigen",
+                    host_table=plan.host_table if cpu else None, capacity=config.cpu_capacity,
+                    out_cpu_blocks=chosen.cpu_blocks[:rows] if cpu else None,
+                    out_cpu_pages=self.handoff.pages[layer][:rows] if cpu else None,
+                    out_cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
+                    q=q if cpu else None, out_q=self.handoff.q[layer][:rows] if cpu else None,
+                    counters=self.buffers.counters[layer], impl=impl, validate=False)
+
+    def attend_offloaded(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                         out: torch.Tensor) -> None:
+        """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D]."""
+        rows, plan = self.engine.plan.rows, self.engine.plan
+        o, lse = (self.buffers.o[:rows] if self.cpu_part else out), self.buffers.lse[:rows]
+        if self.programs is None:
+            self.device_part(layer, q, k_new, v_new, o)
+            if self.cpu_part:
+                self.handoff.resolve(layer, plan, o, lse, out)
+            if self.recalls:
+                self.recall(layer)
+            return
+        key = self._step_key(layer)
+        if not self.cpu_part:
+            self.programs.run("attend", key, lambda q, k, v, out: self._attend_launches(layer, q, k, v, out, out),
+                              q=q, k=k_new, v=v_new, out=out)
+            return
+        self.programs.run("device_part", key, lambda q, k, v: self._device_launches(layer, q, k, v, o), q=q, k=k_new,
+                          v=v_new)
+        if not self.on_cuda:
+            self.handoff.wait(layer, plan)  # the CPU device waits from the host
+        self.programs.run("finish", key, lambda out: self._finish_launches(layer, o, lse, out), out=out)
+
+    def _attend_launches(self, layer, q, k_new, v_new, o, out) -> None:
+        self.device_part(layer, q, k_new, v_new, o)
+        if self.recalls:
+            self.recall(layer)
+
+    def _device_launches(self, layer, q, k_new, v_new, o) -> None:
+        self.device_part(layer, q, k_new, v_new, o)
+        if self.on_cuda:
+            self.handoff.wait(layer, self.engine.plan)
+
+    def _finish_launches(self, layer, o, lse, out) -> None:
+        self.handoff.finish(layer, self.engine.plan, o, lse, out)
+        if self.recalls:
+            self.recall(layer)
+
+    def device_part(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                    o: torch.Tensor) -> None:
+        """Append the token (a completed block: digest, host copy), then attend the device list -> o, buffers.lse."""
+        plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
+        append_token(k_new, v_new, store.dev_k[layer], store.dev_v[layer], plan.window_append_page,
+                     plan.append_offset, digest_min=store.digest_min[layer], digest_max=store.digest_max[layer],
+                     digest_rows=plan.fill_host_row, host_k=store.host_k[layer], host_v=store.host_v[layer],
+                     host_rows=plan.fill_host_row, host_scratch=store.host_scratch_page, impl=self.stage_impl,
+                     validate=False)
+        kernels.sparse_decode(q, store.dev_k[layer], store.dev_v[layer], chosen.device_pages[:rows],
+                              chosen.device_counts[:rows], scale=self.scale, last_block_len=plan.last_len_heads,
+                              out=o, out_lse=self.buffers.lse[:rows], impl=self.decode_impl, validate=False,
+                              workspace=self.buffers.workspace)
+
+    def recall(self, layer: int) -> None:
+        """Scout's recall after the layer's attention: CPU-list blocks into the resident buffer, when due."""
+        plan, rows = self.engine.plan, self.engine.plan.rows
+        self._bring_in(layer, self.buffers.of(layer).scores[:rows, :, : plan.host_table.shape[1]], recall="cpu")
+
+    def _bring_in(self, layer: int, scores: torch.Tensor, *, admit=False, fill=False, recall=None) -> None:
+        plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
+        cpu = recall == "cpu"
+        bring_in(store.resident_map[layer], plan.slots, resident_pages=plan.resident_pages, host_table=plan.host_table,
+                 host_k=store.host_k[layer], host_v=store.host_v[layer], dev_k=store.dev_k[layer],
+                 dev_v=store.dev_v[layer], selected=chosen.selected[:rows], counts=chosen.counts[:rows],
+                 num_full=plan.num_full, forced_blocks=plan.forced_blocks, quota=plan.recall_quota, admit=admit,
+                 leaving_block=plan.leaving_block, leaving_page=plan.leaving_page, fill=fill,
+                 ready=store.resident_ready[layer], recall=recall, scores=scores,
+                 cpu_blocks=chosen.cpu_blocks[:rows] if cpu else None,
+                 cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
+                 recall_due=plan.recall_due[:, self.recall_index[layer]] if cpu and plan.recall_due is not None else None,
+                 recall_beta=self.config.recall_beta, counters=self.buffers.counters[layer], impl=self.stage_impl,
+                 validate=False)
+
+    # -- device-full layers ------------------------------------------------------------
+    def attend_full(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                    out: torch.Tensor, *, selects: bool) -> None:
+        """A dense layer, or (selects) a quest layer: append, select with the page list, decode -> out."""
+        if self.programs is None:
+            self.full_layer(layer, q, k_new, v_new, out, selects=selects)
+        else:
+            self.programs.run("full", self._step_key(layer),
+                              lambda q, k, v, out: self.full_layer(layer, q, k, v, out, selects=selects), q=q, k=k_new,
+                              v=v_new, out=out)
+
+    def full_layer(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                   out: torch.Tensor, *, selects: bool) -> None:
+        """attend_full's stages."""
+        plan, store, rows, config = self.engine.plan, self.full_store, self.engine.plan.rows, self.config
+        digests = layer in store.digest_min
+        append_token(k_new, v_new, store.k[layer], store.v[layer], plan.full_append_page, plan.append_offset,
+                     digest_min=store.digest_min[layer] if digests else None,
+                     digest_max=store.digest_max[layer] if digests else None,
+                     digest_rows=plan.fill_full_row if digests else None, impl=self.stage_impl, validate=False)
+        table, counts = plan.full_lists, plan.full_counts
+        if selects:
+            chosen = self.buffers.of(layer)
+            scores = chosen.scores[:rows, :, : plan.full_table.shape[1]]
+            kernels.score_blocks(q, store.digest_min[layer], store.digest_max[layer], plan.full_table, plan.num_full,
+                                 out=scores, impl=self.stage_impl, validate=False)
+            select_blocks(scores, plan.num_full, topk=config.topk_blocks, num_sink_blocks=config.sink_blocks,
+                          num_local_blocks=config.local_blocks, out_selected=chosen.selected[:rows],
+                          out_counts=chosen.counts[:rows], previous=self.engine.previous.get(layer), slots=plan.slots,
+                          counters=self.buffers.counters[layer], page_table=plan.full_table,
+                          num_tokens=plan.num_tokens, block_size=config.block_size,
+                          out_pages=chosen.quest_pages[:rows], out_page_counts=chosen.quest_counts[:rows],
+                          impl=self.stage_impl, validate=False)
+            table, counts = chosen.quest_pages[:rows], chosen.quest_counts[:rows]
+        kernels.sparse_decode(q, store.k[layer], store.v[layer], table, counts, scale=self.scale,
+                              last_block_len=plan.last_len_heads, out=out, out_lse=self.buffers.lse[:rows],
+                              impl=self.decode_impl, validate=False, workspace=self.buffers.workspace)

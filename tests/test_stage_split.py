@@ -1,0 +1,128 @@
+"""The split stage (kernels.stage_split): the Triton kernel and the torch path against lists built row by row
+with the reference split."""
+
+import pytest
+import torch
+from support import TRITON_DEVICE, requires_triton
+
+from scout_sglang import reference
+from scout_sglang.kernels.stage_split import split_lists
+from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS
+from scout_sglang.layout import PAD_BLOCK
+
+IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.triton_interpret])]
+
+
+def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0):
+    """Random selections of distinct blocks, windows, resident rows (with empty slots) and page tables."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 20
+    selected = torch.full((batch, heads, topk), PAD_BLOCK, dtype=torch.int32)
+    counts = torch.randint(0, topk + 1, (batch, heads), generator=gen, dtype=torch.int32)
+    counts[0, 0] = topk  # a full selection
+    for b in range(batch):
+        for h in range(heads):
+            selected[b, h, : counts[b, h]] = torch.randperm(num_blocks, generator=gen)[: counts[b, h]].int()
+    forced = torch.full((batch, width), PAD_BLOCK, dtype=torch.int32)
+    window_pages = torch.full((batch, width), PAD_BLOCK, dtype=torch.int32)
+    for b in range(batch):
+        n = int(torch.randint(0, width + 1, (1,), generator=gen))
+        forced[b, : max(n - 1, 0)] = selected[b, 0, : max(n - 1, 0)].clamp(min=0)  # some selected blocks are forced
+        window_pages[b, :n] = torch.arange(100 + 10 * b, 100 + 10 * b + n, dtype=torch.int32)
+    slots = torch.tensor([5, 1, 3, 0][:batch])
+    rows = torch.randint(0, num_blocks, (6, heads, resident), generator=gen, dtype=torch.int32)
+    rows[torch.rand(rows.shape, generator=gen) < 0.3] = PAD_BLOCK
+    resident_pages = torch.arange(batch * resident, dtype=torch.int32).view(batch, resident) + 500
+    host_table = torch.randperm(batch * num_blocks, generator=gen).int().view(batch, num_blocks) + 1000
+    q = torch.randn(batch, heads * 2, 8, generator=gen).to(torch.bfloat16)  # staged in its own dtype
+    return dict(selected=selected, counts=counts, forced=forced, window_pages=window_pages, slots=slots,
+                resident=rows, resident_pages=resident_pages, host_table=host_table, q=q)
+
+
+def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True):
+    device = TRITON_DEVICE if impl == "triton" else "cpu"
+    d = {k: v.to(device) for k, v in c.items()}
+    batch, heads, _ = c["selected"].shape
+    width = c["forced"].shape[1]
+    num_resident = c["resident"].shape[2] if with_resident else 0
+    out = dict(device_pages=torch.full((batch, heads, num_resident + width), 77, dtype=torch.int32, device=device),
+               device_counts=torch.zeros(batch, heads, dtype=torch.int32, device=device),
+               cpu_blocks=torch.full((batch, heads, capacity), 77, dtype=torch.int32, device=device),
+               cpu_pages=torch.full((batch, heads, capacity), 77, dtype=torch.int32, device=device),
+               cpu_counts=torch.zeros(batch, heads, dtype=torch.int32, device=device),
+               q=torch.zeros(c["q"].shape, dtype=torch.bfloat16, device=device),
+               counters=torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device))
+    resident = dict(resident=d["resident"], slots=d["slots"], resident_pages=d["resident_pages"]) if with_resident else {}
+    cpu_part = dict(host_table=d["host_table"], capacity=capacity, out_cpu_blocks=out["cpu_blocks"],
+                    out_cpu_pages=out["cpu_pages"], out_cpu_counts=out["cpu_counts"], q=d["q"], out_q=out["q"],
+                    counters=out["counters"]) if cpu else {}
+    split_lists(d["selected"], d["counts"], forced_blocks=d["forced"], window_pages=d["window_pages"],
+                out_device_pages=out["device_pages"], out_device_counts=out["device_counts"],
+                only_selected_resident=only_selected, impl=impl, **resident, **cpu_part)
+    return {k: v.cpu() for k, v in out.items()}
+
+
+def expected(c, *, capacity, with_resident=True, only_selected=False):
+    batch, heads, _ = c["selected"].shape
+    device, cpu, dropped = [], [], 0
+    for b in range(batch):
+        window = [p for p in c["window_pages"][b].tolist() if p != PAD_BLOCK]
+        forced = [j for j in c["forced"][b].tolist() if j != PAD_BLOCK]
+        device_rows, cpu_rows = [], []
+        for h in range(heads):
+            selected = c["selected"][b, h, : c["counts"][b, h]].tolist()
+            row = c["resident"][c["slots"][b], h].tolist() if with_resident else []
+            held_slots = [r for r, j in enumerate(row) if j != PAD_BLOCK and (not only_selected or j in selected)]
+            device_rows.append([int(c["resident_pages"][b, r]) for r in held_slots] + window)
+            blocks, past = reference.split_selection(selected, forced + [j for j in row if j != PAD_BLOCK],
+                                                     capacity=capacity)
+            cpu_rows.append(blocks)
+            dropped += past
+        device.append(device_rows)
+        cpu.append(cpu_rows)
+    return device, cpu, dropped
+
+
+def listed(rows, counts, b, h):
+    return rows[b, h, : counts[b, h]].tolist()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("capacity", [0, 2, 6])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_device_and_cpu_lists_equal_the_reference_split(impl, capacity, seed):
+    c = case(seed=seed)
+    out = run(impl, c, capacity=capacity)
+    device, cpu, dropped = expected(c, capacity=capacity)
+    for b in range(4):
+        for h in range(2):
+            assert listed(out["device_pages"], out["device_counts"], b, h) == device[b][h], (b, h)
+            assert listed(out["cpu_blocks"], out["cpu_counts"], b, h) == cpu[b][h], (b, h)
+            pages = listed(out["cpu_pages"], out["cpu_counts"], b, h)
+            assert pages == [int(c["host_table"][b, j]) for j in cpu[b][h]]
+            assert set(out["device_pages"][b, h, out["device_counts"][b, h]:].tolist()) <= {PAD_BLOCK}
+            assert set(out["cpu_pages"][b, h, out["cpu_counts"][b, h]:].tolist()) <= {PAD_BLOCK}
+    assert out["counters"][CPU] == out["cpu_counts"].sum() and out["counters"][DROPPED] == dropped
+    assert torch.equal(out["q"], c["q"])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_infinigen_lists_only_selected_resident_blocks_and_hgca_only_the_window(impl):
+    c = case(seed=3)
+    infinigen = run(impl, c, capacity=0, only_selected=True, cpu=False)
+    device, _, _ = expected(c, capacity=0, only_selected=True)
+    hgca = run(impl, c, capacity=4, with_resident=False)
+    window_only, cpu, _ = expected(c, capacity=4, with_resident=False)
+    for b in range(4):
+        for h in range(2):
+            assert listed(infinigen["device_pages"], infinigen["device_counts"], b, h) == device[b][h]
+            assert listed(hgca["device_pages"], hgca["device_counts"], b, h) == window_only[b][h]
+            assert listed(hgca["cpu_blocks"], hgca["cpu_counts"], b, h) == cpu[b][h]
+
+
+def test_a_partial_cpu_part_is_refused_by_name():
+    c = case()
+    with pytest.raises(ValueError, match="the CPU part needs"):
+        split_lists(c["selected"], c["counts"], forced_blocks=c["forced"], window_pages=c["window_pages"],
+                    out_device_pages=torch.zeros(4, 2, 4, dtype=torch.int32),
+                    out_device_counts=torch.zeros(4, 2, dtype=torch.int32), host_table=c["host_table"])

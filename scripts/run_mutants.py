@@ -32,6 +32,9 @@ FAST_TESTS = [
     "tests/test_kernels_merge.py",
     "tests/test_kernels_selection.py",
     "tests/test_engine_chunked_prefill.py",
+    "tests/test_stage_split.py",
+    "tests/test_stage_recall.py",
+    "tests/test_stage_append.py",
 ]
 # Folders that install as subpackages of scout_sglang (setup.py's PACKAGE_ROOTS).
 SUBPACKAGES = {"kernels": "kernels", "cpu_worker": "cpu_worker", "configs": "configs"}

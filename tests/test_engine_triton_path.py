@@ -1,0 +1,49 @@
+"""The engine's Triton path, end to end, equals its torch path in every mode.
+
+A GPU runs the Triton path: its stages and their host code (the replayed launches of launch_program.py, the
+hand-off's gated fallback and merge) are exercised here as a whole, under Triton's interpreter at tiny shapes,
+not only kernel by kernel: the same outputs as the torch path, and the same decisions (the step's counters),
+over steps with first fills, block fills, interval recall and the CPU part.
+"""
+
+import pytest
+import torch
+from oracle.driver import Driver
+from support import requires_triton
+
+from scout_sglang.config import MODES, ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.shape import ModelShape
+
+pytestmark = [requires_triton, pytest.mark.triton_interpret, pytest.mark.usefixtures("one_torch_thread")]
+SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
+COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks")
+
+
+def run(mode, impl, **overrides):
+    settings = dict(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
+                    resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl=impl)
+    engine = CoAttentionEngine(ScoutConfig(**(settings | overrides)), SHAPE, dtype=torch.float32, max_requests=3,
+                               max_tokens_per_request=128)
+    driver = Driver(SHAPE, [20, 41, 7], 6, seed=1)  # 7 tokens: a request with no full block at first
+    outputs = driver.run(engine)
+    return outputs, [[getattr(step.totals(), name) for name in COUNTERS] for step in driver.telemetry]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_triton_path_decodes_and_decides_like_the_torch_path(mode):
+    torch_outputs, torch_counts = run(mode, "torch")
+    triton_outputs, triton_counts = run(mode, "triton")
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    if mode == "scout":
+        assert sum(step[1] for step in torch_counts) > 0 and sum(step[3] for step in torch_counts) > 0
+
+
+def test_the_adaptive_recall_and_a_capped_cpu_list_agree_too():
+    settings = dict(recall_policy="adaptive", recall_beta=0.1, max_cpu_blocks=1, token_budget=48, resident_blocks=1)
+    torch_outputs, torch_counts = run("scout", "torch", **settings)
+    triton_outputs, triton_counts = run("scout", "triton", **settings)
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    assert sum(step[2] for step in torch_counts) > 0  # the capacity dropped blocks

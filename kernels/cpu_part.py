@@ -4,9 +4,10 @@ result or the fallback's.
 digest -> select -> split -> device part / CPU part -> **merge**. Protocol:
 scout_sglang.handoff_words. On CUDA each is one kernel (triton/handoff.py); the
 ring and the wait exist only there (they spin on page-locked memory and read
-the GPU's clock). On the CPU device the engine's thread writes and waits on
-the words itself (core/cpu_handoff.py), and the merge's torch path reads the
-status, a host value there.
+the GPU's clock; Triton's interpreter runs them too, counting spin iterations
+for a clock). On the CPU device's torch path the engine's thread writes and
+waits on the words itself (core/cpu_handoff.py), and the merge's torch path
+reads the status, a host value there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from scout_sglang.kernels.merge import merge_attention_states
 
 
 def ring_doorbell(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tensor) -> None:
-    """CUDA: announce a staged part. header [HEADER_WORDS] int32 (device), words [WORDS_PER_LAYER] int32
+    """CUDA (or Triton's interpreter, for tests): announce a staged part. header [HEADER_WORDS] int32 (device), words [WORDS_PER_LAYER] int32
     (page-locked), ring_ns [1] int64 (device): when it rang."""
     from scout_sglang.kernels.triton.handoff import ring_triton
 
@@ -25,12 +26,13 @@ def ring_doorbell(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tens
 
 
 def wait_cpu_part(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tensor, status: torch.Tensor,
-                  wait_ns: torch.Tensor, *, deadline_ns: int) -> None:
-    """CUDA: wait until the worker finished the step's part or `deadline_ns` after the ring -> status [1] int32
-    (device); wait_ns [1] int64 accumulates the time spent waiting."""
+                  wait_ns: torch.Tensor, outcomes: torch.Tensor, *, deadline_ns: int) -> None:
+    """CUDA (or Triton's interpreter, for tests: the deadline then counts spin iterations): wait until the worker
+    finished the step's part or `deadline_ns` after the ring -> status [1] int32
+    (device); wait_ns [1] int64 accumulates the time spent waiting, outcomes [statuses] int32 counts the status."""
     from scout_sglang.kernels.triton.handoff import wait_triton
 
-    wait_triton(header, words, ring_ns, status, wait_ns, deadline_ns=deadline_ns)
+    wait_triton(header, words, ring_ns, status, wait_ns, outcomes, deadline_ns=deadline_ns)
 
 
 def merge_cpu_part(o: torch.Tensor, lse: torch.Tensor, cpu_o: torch.Tensor, cpu_lse: torch.Tensor,

@@ -178,4 +178,5 @@ def test_a_late_part_never_reaches_the_merge_and_a_stale_answer_is_not_taken_for
     out, status = resolve(plan, o_dev, lse_dev)
     assert status == STATUS_ERROR
     assert_close(out, expected, torch.float32)
-    assert handoff.step_outcomes([status], [10, 11]) == {"error": 1}
+    assert handoff.outcomes[0].tolist() == [1, 1, 2, 0]  # parts by status: ok, error, deadline, device-only
+    assert handoff.record_outcomes(handoff.outcomes.tolist(), [10, 11]) == {"error": 1, "deadline": 2}

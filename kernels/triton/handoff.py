@@ -16,6 +16,10 @@ way, then resets it; the sequence number makes a reset unnecessary here).
 The merge takes the worker's result where the status is OK and the fallback's
 otherwise (the part computed on the device from the same staging, a sparse
 decode whose counts are zeroed where the status is OK).
+
+Triton's interpreter runs the same kernels on the CPU device for the tests (a
+whole step then is launches only): there is no GPU clock, so the deadline
+counts spin iterations instead, and the wait time is not measured.
 """
 
 from __future__ import annotations
@@ -43,32 +47,45 @@ def _global_ns():
 
 
 @triton.jit
-def _ring_kernel(header_ptr, words_ptr, ring_ns_ptr, SEQ: tl.constexpr, ROWS_H: tl.constexpr,
-                 BYPASS: tl.constexpr, ROWS_W: tl.constexpr, DOORBELL_W: tl.constexpr):
-    if tl.load(header_ptr + BYPASS) == 0:
-        tl.store(words_ptr + ROWS_W, tl.load(header_ptr + ROWS_H))
-        tl.atomic_xchg(words_ptr + DOORBELL_W, tl.load(header_ptr + SEQ), sem="release", scope="sys")
-    tl.store(ring_ns_ptr, _global_ns())
+def _clock(iteration, CLOCK: tl.constexpr):
+    # The GPU's global timer in ns; without it (Triton's interpreter has none) the spin's iteration count.
+    if CLOCK:
+        return _global_ns()
+    else:
+        return iteration.to(tl.int64)
 
 
 @triton.jit
-def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, deadline_ns,
+def _ring_kernel(header_ptr, words_ptr, ring_ns_ptr, SEQ: tl.constexpr, ROWS_H: tl.constexpr,
+                 BYPASS: tl.constexpr, ROWS_W: tl.constexpr, DOORBELL_W: tl.constexpr, CLOCK: tl.constexpr):
+    if tl.load(header_ptr + BYPASS) == 0:
+        tl.store(words_ptr + ROWS_W, tl.load(header_ptr + ROWS_H))
+        tl.atomic_xchg(words_ptr + DOORBELL_W, tl.load(header_ptr + SEQ), sem="release", scope="sys")
+    tl.store(ring_ns_ptr, _clock(tl.zeros((), tl.int64), CLOCK))
+
+
+@triton.jit
+def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, outcomes_ptr, deadline,
                  SEQ: tl.constexpr, BYPASS: tl.constexpr, DONE_W: tl.constexpr, STATUS_W: tl.constexpr,
-                 LATE: tl.constexpr, DEVICE_ONLY: tl.constexpr):
+                 LATE: tl.constexpr, DEVICE_ONLY: tl.constexpr, CLOCK: tl.constexpr):
     seq = tl.load(header_ptr + SEQ)
-    start = _global_ns()
-    if tl.load(header_ptr + BYPASS) != 0:
-        tl.store(status_ptr, DEVICE_ONLY)
-    else:
-        give_up = tl.load(ring_ns_ptr) + deadline_ns
+    iteration = tl.zeros((), tl.int64)
+    start = _clock(iteration, CLOCK)
+    status = tl.full((), DEVICE_ONLY, tl.int32)
+    if tl.load(header_ptr + BYPASS) == 0:
+        give_up = tl.load(ring_ns_ptr) + deadline
         done = tl.load(words_ptr + DONE_W, volatile=True)
         now = start
         while (done != seq) & (now < give_up):
             done = tl.load(words_ptr + DONE_W, volatile=True)
-            now = _global_ns()
+            iteration += 1
+            now = _clock(iteration, CLOCK)
         worker = tl.load(words_ptr + STATUS_W, volatile=True)
-        tl.store(status_ptr, tl.where(done == seq, worker, LATE))
-    tl.store(wait_ns_ptr, tl.load(wait_ns_ptr) + (_global_ns() - start))
+        status = tl.where(done == seq, worker, LATE).to(tl.int32)
+    tl.store(status_ptr, status)
+    tl.store(outcomes_ptr + status, tl.load(outcomes_ptr + status) + 1)
+    if CLOCK:
+        tl.store(wait_ns_ptr, tl.load(wait_ns_ptr) + (_global_ns() - start))
 
 
 @triton.jit
@@ -105,14 +122,21 @@ def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_
              out.to(out_ptr.dtype.element_ty), mask=tile)
 
 
+# Without the GPU's clock (the interpreter), a deadline counts spin iterations, this many ns each (a guess that
+# errs long: an interpreted iteration takes longer).
+_NS_PER_ITERATION = 10_000
+
+
 def ring_triton(header, words, ring_ns) -> None:
     _ring_kernel[(1,)](header, words, ring_ns, SEQ=HEADER_SEQ, ROWS_H=HEADER_ROWS, BYPASS=HEADER_BYPASS,
-                       ROWS_W=ROWS, DOORBELL_W=DOORBELL)
+                       ROWS_W=ROWS, DOORBELL_W=DOORBELL, CLOCK=header.is_cuda)
 
 
-def wait_triton(header, words, ring_ns, status, wait_ns, *, deadline_ns: int) -> None:
-    _wait_kernel[(1,)](header, words, ring_ns, status, wait_ns, deadline_ns, SEQ=HEADER_SEQ, BYPASS=HEADER_BYPASS,
-                       DONE_W=DONE, STATUS_W=STATUS, LATE=STATUS_DEADLINE, DEVICE_ONLY=STATUS_DEVICE_ONLY)
+def wait_triton(header, words, ring_ns, status, wait_ns, outcomes, *, deadline_ns: int) -> None:
+    clock = header.is_cuda
+    deadline = deadline_ns if clock else max(1, deadline_ns // _NS_PER_ITERATION)
+    _wait_kernel[(1,)](header, words, ring_ns, status, wait_ns, outcomes, deadline, SEQ=HEADER_SEQ, BYPASS=HEADER_BYPASS,
+                       DONE_W=DONE, STATUS_W=STATUS, LATE=STATUS_DEADLINE, DEVICE_ONLY=STATUS_DEVICE_ONLY, CLOCK=clock)
 
 
 def merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out) -> None:

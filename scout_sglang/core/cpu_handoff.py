@@ -77,6 +77,8 @@ class CpuHandoff:
         self.device, self.deadline_s, self.impl, self.scale = torch.device(device), deadline_s, impl, scale
         self.merge_impl = impl if impl in ("triton", "torch") else None
         self.on_cuda = self.device.type == "cuda"
+        # Ring, wait and the fallback as kernels: on CUDA, and on the CPU device's Triton path (the interpreter)
+        self.kernels = self.on_cuda or impl == "triton"
         self.health = health or CpuWorkerHealth()
         self.worker = worker
         self.host_k, self.host_v, self.workspace = host_k, host_v, workspace
@@ -99,12 +101,15 @@ class CpuHandoff:
         self.fb_o = torch.zeros(rows, num_qo_heads, head_dim, dtype=torch.float32, device=self.device)
         self.fb_lse = torch.zeros(rows, num_qo_heads, dtype=torch.float32, device=self.device)
         self.status = torch.zeros(count, dtype=torch.int32, device=self.device)  # [L] handoff_words.STATUS_*
+        # [L, statuses] parts by outcome since the last read: what the health circuit and the fallback counts learn
+        self.outcomes = torch.zeros(count, len(CAUSE_OF_STATUS) + 1, dtype=torch.int32, device=self.device)
         self.ring_ns = torch.zeros(count, dtype=torch.int64, device=self.device)
         self.wait_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # summed over the step
         # The CPU device's stream is this thread: it writes the words and statuses through numpy views (host
         # memory; no tensor op to dispatch, as the kernels that do this on CUDA are none of the layer's ops).
         self._words_np = self.words.numpy() if not self.on_cuda else None
         self._status_np = self.status.numpy() if not self.on_cuda else None
+        self._outcomes_np = self.outcomes.numpy() if not self.on_cuda else None
         self._wait_np = self.wait_ns.numpy() if not self.on_cuda else None
         self._rung_at: dict[int, float] = {}
         self._last_log, self._unlogged = float("-inf"), {}
@@ -125,7 +130,7 @@ class CpuHandoff:
 
     def ring(self, layer: int, plan) -> None:
         i = self.index[layer]
-        if self.on_cuda:
+        if self.kernels:
             ring_doorbell(plan.header, self.words[i], self.ring_ns[i:i + 1])
             return
         self._rung_at[i] = time.monotonic()
@@ -142,9 +147,9 @@ class CpuHandoff:
     def wait(self, layer: int, plan) -> None:
         """Wait for the worker's DONE (the deadline after the ring): the layer's status. A kernel on CUDA."""
         i = self.index[layer]
-        if self.on_cuda:
+        if self.kernels:
             wait_cpu_part(plan.header, self.words[i], self.ring_ns[i:i + 1], self.status[i:i + 1],
-                          self.wait_ns[i:i + 1], deadline_ns=int(self.deadline_s * 1e9))
+                          self.wait_ns[i:i + 1], self.outcomes[i], deadline_ns=int(self.deadline_s * 1e9))
         else:
             self._wait_on_host(i, plan)
 
@@ -152,7 +157,7 @@ class CpuHandoff:
         """The fallback where the status is not OK, and the merge into out."""
         i, rows = self.index[layer], plan.rows
         status = self.status[i:i + 1]
-        if self.impl == "triton" or self.on_cuda:
+        if self.kernels:
             from scout_sglang.kernels.triton.decode import sparse_decode_triton
 
             # The fallback, always launched and gated by the status: it attends the staging over the host store
@@ -178,21 +183,25 @@ class CpuHandoff:
             code = self.worker.wait_done(i, plan.seq, self._rung_at[i] + self.deadline_s - start)
         self._wait_np[i] += int(1e9 * (time.monotonic() - start))
         self._status_np[i] = code
+        self._outcomes_np[i, code] += 1
 
-    def step_outcomes(self, statuses: list[int], rids: list[int]) -> dict[str, int]:
-        """After the step's one read of the statuses: feed the health circuit, log fallbacks (rate-limited, naming
-        the layer, the cause and, for an error, the request) -> {cause: layers}."""
+    def record_outcomes(self, outcomes: list[list[int]], rids: list[int]) -> dict[str, int]:
+        """After the one read of the parts' outcome counts (per layer, per status): feed the health circuit, log
+        fallbacks (rate-limited, naming the layer, the cause and, for an error, the request) -> {cause: parts}."""
         fallbacks = {}
-        for layer, code in zip(self.layers, statuses):
-            if code == STATUS_DEVICE_ONLY:
-                fallbacks["device_only"] = fallbacks.get("device_only", 0) + 1
-                continue
-            failed = code != STATUS_OK
-            cause = CAUSE_OF_STATUS.get(code)
-            self.health.record(failed, cause)
-            if failed:
-                fallbacks[cause] = fallbacks.get(cause, 0) + 1
-                self._log_fallback(layer, cause, rids)
+        for layer, counts in zip(self.layers, outcomes):
+            for code, count in enumerate(counts):
+                if not count:
+                    continue
+                cause = CAUSE_OF_STATUS.get(code)
+                if cause is not None:
+                    fallbacks[cause] = fallbacks.get(cause, 0) + count
+                if code == STATUS_DEVICE_ONLY:
+                    continue  # not handed to the worker: nothing to learn of its health
+                for _ in range(count):
+                    self.health.record(cause is not None, cause)
+                if cause is not None:
+                    self._log_fallback(layer, cause, rids)
         return fallbacks
 
     def _log_fallback(self, layer: int, cause: str, rids: list[int]) -> None:

@@ -362,7 +362,8 @@ class CoAttentionEngine:
         self.plan = self._build_plan(rows, bypass)
         if self.handoff is not None:
             self.handoff.begin_step()
-        self.telemetry = StepTelemetry(self._step_index, len(rids))
+        if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
+            self.telemetry = StepTelemetry(self._step_index, len(rids))
         if self.trace is not None:
             self.trace.begin_step()
         return self.plan
@@ -425,47 +426,67 @@ class CoAttentionEngine:
             self.trace.record(traced)
         return out
 
-    def end_step(self) -> StepTelemetry:
-        """Commit the step: every request of the batch now holds one more token."""
-        counters, statuses, waits = self._read_step_words()  # the step's one read of device values
+    def end_step(self, *, read: bool = True) -> StepTelemetry | None:
+        """Commit the step: every request of the batch now holds one more token.
+
+        read : read the step's counters (one device read, a stream sync on a GPU) and return its telemetry; False
+            reads nothing (a replayed CUDA graph's step, whose host must not wait for it): the counters keep
+            accumulating on the device until collect_telemetry()."""
         budget = self.config.topk_blocks * self.shape.num_kv_heads * len(self._batch)
         for layer in self._selects:
-            stats = self.telemetry.layer(layer)
-            for name, value in zip(COUNTER_NAMES, counters[layer]):
-                setattr(stats, name, getattr(stats, name) + value)
-            stats.budget_blocks += budget
-            if layer in self.offloaded_layers:
-                stats.recall_bytes += stats.recalled_blocks * self.offloaded.block_bytes_per_head(layer)
+            self.telemetry.layer(layer).budget_blocks += budget
         if self.handoff is not None:
-            for layer, wait_ns in zip(self.handoff.layers, waits):
-                self.telemetry.layer(layer).cpu_launched_ahead = layer in self._predicted
-                self.telemetry.layer(layer).cpu_wait_s += wait_ns / 1e9
-                self.telemetry.add_time("cpu_wait", wait_ns / 1e9)
-            for cause, count in self.handoff.step_outcomes(statuses, self.plan.rids).items():
-                self.telemetry.cpu_fallbacks[cause] = self.telemetry.cpu_fallbacks.get(cause, 0) + count
+            for layer in self.handoff.layers:
+                self.telemetry.layer(layer).cpu_launched_ahead |= layer in self._predicted
         for state in self._batch:
             state.num_tokens += 1
             state.steps += 1
         self._step_index += 1
-        telemetry, self.telemetry = self.telemetry, None
+        rids = self.plan.rids
         self._batch, self._predicted, self.plan = [], set(), None
+        return self.collect_telemetry(rids) if read else None
+
+    def collect_telemetry(self, rids: list[int] | None = None) -> StepTelemetry | None:
+        """The telemetry of the steps ended since the last collection: their counters, the CPU parts' outcomes
+        (which also feed the worker's health) and wait times, in one device read; None when no step ended.
+        rids: the requests of the last step, named in a fallback's log."""
+        telemetry = self.telemetry
+        if telemetry is None or self.plan is not None:  # nothing ended, or a step is under way
+            return None
+        counters, outcomes, waits = self._read_step_words()
+        for layer in self._selects:
+            stats = telemetry.layer(layer)
+            for name, value in zip(COUNTER_NAMES, counters[layer]):
+                setattr(stats, name, getattr(stats, name) + value)
+            if layer in self.offloaded_layers:
+                stats.recall_bytes += stats.recalled_blocks * self.offloaded.block_bytes_per_head(layer)
+        if self.handoff is not None:
+            for layer, wait_ns in zip(self.handoff.layers, waits):
+                telemetry.layer(layer).cpu_wait_s += wait_ns / 1e9
+                telemetry.add_time("cpu_wait", wait_ns / 1e9)
+            for cause, count in self.handoff.record_outcomes(outcomes, rids or []).items():
+                telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
+        self.telemetry = None
         return telemetry
 
     def _read_step_words(self):
-        """Counters [layers][NUM_COUNTERS], the hand-off's statuses and wait times per CPU layer: one device read,
-        then the counters and wait times are zeroed."""
+        """Counters [layers][NUM_COUNTERS], the hand-off's outcome counts [CPU layers][statuses] and wait times
+        per CPU layer: one device read, after which they are zeroed."""
         counters = self.buffers.counters
         parts = [counters.flatten().long()]
         if self.handoff is not None:
-            parts += [self.handoff.status.long(), self.handoff.wait_ns]
+            parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns]
         values = torch.cat(parts).tolist()
         counters.zero_()
-        rows = [values[i: i + counters.shape[1]] for i in range(0, counters.numel(), counters.shape[1])]
+        width = counters.shape[1]
+        rows = [values[i: i + width] for i in range(0, counters.numel(), width)]
         if self.handoff is None:
             return rows, [], []
+        self.handoff.outcomes.zero_()
         self.handoff.wait_ns.zero_()
-        count = len(self.handoff.layers)
-        return rows, values[counters.numel(): counters.numel() + count], values[counters.numel() + count:]
+        start, kinds = counters.numel(), self.handoff.outcomes.shape[1]
+        outcomes = [values[start + i * kinds: start + (i + 1) * kinds] for i in range(len(self.handoff.layers))]
+        return rows, outcomes, values[start + self.handoff.outcomes.numel():]
 
     # -- decision trace (tests only; never built when self.trace is None) -------
     def _resident_rows(self, layer) -> list:

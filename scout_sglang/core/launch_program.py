@@ -47,8 +47,9 @@ class Launch:
         self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
 
 
-class _Recorder:
-    """While active, Triton launches are recorded, not run."""
+class Recorder:
+    """While active, Triton launches are recorded (kernel, grid, args, kwargs in `launches`), not run: what a CUDA
+    graph capture does with kernel launches."""
 
     def __init__(self):
         self.launches: list[tuple] = []
@@ -84,7 +85,7 @@ def _storage(tensor: torch.Tensor) -> int:
 def record(segment, tensors: dict[str, torch.Tensor], name: str) -> list[Launch]:
     """Run `segment(**tensors)` recording its launches -> the Launch list (NotReplayable when it cannot be)."""
     ops = OpCounter()
-    with _Recorder() as recorder, ops:
+    with Recorder() as recorder, ops:
         segment(**tensors)
     if ops.launches():
         raise NotReplayable(f"{name}: tensor ops besides the Triton launches ({dict(ops.ops)})")

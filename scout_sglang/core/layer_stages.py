@@ -62,19 +62,17 @@ class LayerStages:
     # -- offloaded layers ----------------------------------------------------------------
     def front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
         """Select, fill, split and ring for `layer` from query q [rows, Hq, D] (predicted or real)."""
-        handoff, cuda = self.handoff, self.on_cuda
+        handoff = self.handoff
         if self.programs is None or trace is not None:
             self.select_split(layer, q, trace=trace)
             if handoff is not None:
                 handoff.ring(layer, self.engine.plan)
             return
         self.programs.run("front", self._step_key(layer), lambda q: self._front_launches(layer, q), q=q)
-        if handoff is not None and not cuda:  # the CPU device rings from the host
-            handoff.ring(layer, self.engine.plan)
 
     def _front_launches(self, layer: int, q: torch.Tensor) -> None:
         self.select_split(layer, q)
-        if self.handoff is not None and self.on_cuda:
+        if self.handoff is not None:
             self.handoff.ring(layer, self.engine.plan)
 
     def _step_key(self, layer: int) -> tuple:
@@ -134,24 +132,17 @@ class LayerStages:
             self.programs.run("attend", key, lambda q, k, v, out: self._attend_launches(layer, q, k, v, out, out),
                               q=q, k=k_new, v=v_new, out=out)
             return
-        self.programs.run("device_part", key, lambda q, k, v: self._device_launches(layer, q, k, v, o), q=q, k=k_new,
-                          v=v_new)
-        if not self.on_cuda:
-            self.handoff.wait(layer, plan)  # the CPU device waits from the host
-        self.programs.run("finish", key, lambda out: self._finish_launches(layer, o, lse, out), out=out)
+        self.programs.run("device_part", key, lambda q, k, v, out: self._device_launches(layer, q, k, v, o, lse, out),
+                          q=q, k=k_new, v=v_new, out=out)
 
     def _attend_launches(self, layer, q, k_new, v_new, o, out) -> None:
         self.device_part(layer, q, k_new, v_new, o)
         if self.recalls:
             self.recall(layer)
 
-    def _device_launches(self, layer, q, k_new, v_new, o) -> None:
+    def _device_launches(self, layer, q, k_new, v_new, o, lse, out) -> None:
         self.device_part(layer, q, k_new, v_new, o)
-        if self.on_cuda:
-            self.handoff.wait(layer, self.engine.plan)
-
-    def _finish_launches(self, layer, o, lse, out) -> None:
-        self.handoff.finish(layer, self.engine.plan, o, lse, out)
+        self.handoff.resolve(layer, self.engine.plan, o, lse, out)
         if self.recalls:
             self.recall(layer)
 

@@ -1,0 +1,84 @@
+"""A whole decode step captured once and replayed for every later step: what one CUDA graph per batch size does.
+
+The CPU proxy of a captured graph: the engine's Triton path runs under Triton's interpreter, and a step's
+every launch, over every layer, the layer-ahead fronts and the CPU part's ring and wait included, is recorded
+once (launch_program.Recorder: what a capture records) over static input and output buffers, with a plan of
+padding rows only (as SGLang captures with a dummy batch). Each later step writes its plan into the static plan
+buffer (begin_step, outside the graph) and its inputs into the static buffers, then replays the recorded
+launches, and nothing else: the outputs equal an eager engine's, and so do the step's counters. That holds only
+if the step allocates nothing, reads nothing back, branches on no data on the host and writes every
+per-step value into static buffers.
+"""
+
+import pytest
+import torch
+from support import requires_triton
+
+from scout_sglang.config import MODES, ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.launch_program import Recorder
+from scout_sglang.core.shape import ModelShape
+
+pytestmark = [requires_triton, pytest.mark.triton_interpret, pytest.mark.usefixtures("one_torch_thread")]
+SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
+LENGTHS = (20, 41, 7)
+CAPTURED_ROWS = 4  # the graph's batch size: one row more than the requests, a padding row
+
+
+def make_engine(mode):
+    config = ScoutConfig(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
+                         resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton")
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
+                               max_tokens_per_request=128, fixed_widths=True)
+    gen = torch.Generator().manual_seed(0)
+    for rid, n in enumerate(LENGTHS):
+        engine.add_request(rid)
+        for layer in range(SHAPE.num_layers):
+            engine.prefill(rid, layer, torch.randn(n, 2, 16, generator=gen), torch.randn(n, 2, 16, generator=gen))
+    return engine
+
+
+def layer_loop(engine, q, q_pred, k, v, out):
+    for layer in range(SHAPE.num_layers):
+        if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
+            engine.predict(layer + 1, q_pred[layer + 1])
+        engine.attend(layer, q[layer], k[layer], v[layer], out=out[layer])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_step_recorded_once_replays_every_later_step_like_an_eager_engine(mode):
+    eager, graph = make_engine(mode), make_engine(mode)
+    shape = (SHAPE.num_layers, CAPTURED_ROWS)
+    q, q_pred, out = (torch.zeros(*shape, 4, 16) for _ in range(3))  # the graph's static buffers
+    k, v = torch.zeros(*shape, 2, 16), torch.zeros(*shape, 2, 16)
+    graph.begin_step([], rows=CAPTURED_ROWS)  # capture: a dummy batch, every row padding
+    with torch.no_grad(), Recorder() as capture:
+        layer_loop(graph, q, q_pred, k, v, out)
+    graph.end_step(read=False)
+    assert len(capture.launches) >= 2 * SHAPE.num_layers
+    gen = torch.Generator().manual_seed(3)
+    rows, eager_totals = len(LENGTHS), []
+    try:
+        for step in range(6):  # first fills, block fills and interval recalls among these steps
+            inputs = [torch.randn(SHAPE.num_layers, rows, *t.shape[2:], generator=gen) for t in (q, q_pred, k, v)]
+            eager.begin_step(list(range(rows)))
+            expected = torch.zeros(SHAPE.num_layers, rows, 4, 16)
+            with torch.no_grad():
+                layer_loop(eager, inputs[0], inputs[1], inputs[2], inputs[3], expected)
+            eager_totals.append(eager.end_step().totals())
+            for static, live in zip((q, q_pred, k, v), inputs):
+                static[:, :rows] = live
+            graph.begin_step(list(range(rows)), rows=CAPTURED_ROWS)  # the plan: outside the graph
+            for kernel, grid, args, kwargs in capture.launches:  # the replay: the recorded launches, nothing else
+                kernel.run(*args, grid=grid, warmup=False, **kwargs)
+            graph.end_step(read=False)
+            torch.testing.assert_close(out[:, :rows], expected, atol=2e-5, rtol=2e-5, msg=lambda m: f"step {step}: {m}")
+            assert torch.count_nonzero(out[:, rows:]) == 0, "the padding row attends nothing"
+        replayed = graph.collect_telemetry().totals()
+        for name in ("selected_blocks", "cpu_blocks", "recalled_blocks", "changed_blocks", "budget_blocks"):
+            assert getattr(replayed, name) == sum(getattr(t, name) for t in eager_totals), name
+        if mode == "scout":
+            assert replayed.cpu_blocks > 0 and replayed.recalled_blocks > 0
+    finally:
+        eager.close()
+        graph.close()

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test mutants bench-quick bench bench-capacity validate-plan soak demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-gpu bench-capacity validate-plan soak demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,13 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py
 	$(PY) -P benchmarks/bench_kernels.py
+
+# On a lent GPU machine (a CUDA torch and Triton already installed; no sglang, no network needed): the CUDA
+# tests, the kernels, host overhead, whole-step graph capture in every mode, decode steps (eager and replayed)
+# and tokens/s at equal device memory -> benchmarks/results/gpu_<device>.{json,md} (about 9 minutes on one H100).
+bench-gpu:
+	python3 -m pip install -q --no-deps --no-build-isolation -e .
+	python3 -P benchmarks/bench_gpu.py
 
 # The scout KV pool against SGLang's stock pool at one device KV budget, measured
 # with SGLang's own bench_serving (which needs the datasets package).

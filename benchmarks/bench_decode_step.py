@@ -3,13 +3,13 @@ mode (full, quest, infinigen, hgca, scout), its time broken down as in the
 paper's Figure 11, and the layer-ahead / recall ablation of its Figure 12.
 
 Drives CoAttentionEngine exactly as a model would (begin_step; per layer
-predict(i + 1) then attend(i) then the rest of the layer; end_step) and reads
-the engine's StepTelemetry timers: device_attention, select, cpu_wait, merge,
-recall. The CPU worker's own time is measured beside the engine: the pool is
-wrapped (same submit / wait interface) and a watcher thread records when each
-submit's tasks finish, giving the wall time during which the CPU worker had
-work outstanding ("CPU busy"); the worker threads' CPU seconds are read from
-/proc as a second, coarser measure (10 ms ticks, summed over the timed steps).
+predict(i + 1) then attend(i) then the rest of the layer; end_step), eagerly,
+and splits each step into the engine's stages, the wait for the CPU part (the
+engine's cpu_wait telemetry) and the rest of the layers. The CPU worker's own
+time is measured beside the engine: its busy time ("CPU busy": seconds its
+threads spent attending, summed over threads, as the worker counts them) and
+its threads' CPU seconds from /proc, a second, coarser measure (10 ms ticks,
+summed over the timed steps).
 
 Workload (random, seeded; nothing here comes from a real model):
   * shape: Hq 32, Hkv 8, D 128, bf16, block 32 (Qwen3-8B), `--layers` layers
@@ -60,7 +60,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_step.common import MODES, log, parse_ints  # noqa: E402
-from decode_step.cpu_watch import WatchedPool  # noqa: E402
+from decode_step.cpu_watch import WatchedWorker, make_worker  # noqa: E402
 from decode_step.hardware import hardware  # noqa: E402
 from decode_step.plot import write_plot  # noqa: E402
 from decode_step.report import write_markdown  # noqa: E402
@@ -118,8 +118,6 @@ def main() -> int:
         args.contexts, args.batches, args.layers, args.steps, args.warmup = [4096], [2], 2, 3, 1
         args.ablation_shape, args.ablation_warmup, args.ablation_steps = "4096,2", 2, 3
 
-    from scout_sglang.cpu_worker import CpuAttentionPool
-
     device = torch.device(args.device)
     if args.max_tokens is None:
         args.max_tokens = 1 << 40
@@ -134,16 +132,18 @@ def main() -> int:
         args.cpu_groups = args.cpu_groups or max(1, cores - args.device_threads)
     if args.device_threads:
         torch.set_num_threads(args.device_threads)
-    pool = WatchedPool(CpuAttentionPool(args.cpu_groups or cores, 1, impl=args.cpu_impl))
+    threads = args.cpu_groups or cores
+    probe = WatchedWorker(make_worker(threads, args.cpu_impl))  # named in the report, then stopped
+    worker_name = repr(probe)
+    probe.shutdown()
     load_before = os.getloadavg()[0]
-    hw = hardware(device, pool)
+    hw = hardware(device, worker_name)
     log(f"hardware: {hw}")
     layer_compute = LayerCompute(args.layer_compute_ms, kind, device)
-    report = dict(hardware=hw, shapes=[], skipped=[], ablation=None, load_before=load_before,
-                  cpu_groups=pool.pool.num_groups)
+    report = dict(hardware=hw, shapes=[], skipped=[], ablation=None, load_before=load_before, cpu_groups=threads)
     started = time.perf_counter()
-    run_sweep(args, report, modes=modes, kind=kind, device=device, pool=pool, layer_compute=layer_compute)
-    pool.shutdown()
+    run_sweep(args, report, modes=modes, kind=kind, device=device,
+              make_worker=lambda: WatchedWorker(make_worker(threads, args.cpu_impl)), layer_compute=layer_compute)
     report["load_after"] = os.getloadavg()[0]
     report["total_s"] = time.perf_counter() - started
     log(f"done in {report['total_s']:.0f} s")

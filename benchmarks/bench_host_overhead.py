@@ -1,4 +1,11 @@
-"""Host overhead of a decode step: aten ops, scalar reads and Python lines per layer, and host ms per layer.
+"""Host overhead of a decode step: launches, scalar reads and Python lines per layer, and host ms per layer.
+
+Two paths are counted. What a GPU executes: the engine's Triton path, each
+layer's Triton launches plus aten ops that are not views, per offloaded and per
+dense layer, and the Python lines its host runs (Triton's launcher excluded);
+on a machine without a GPU it runs under Triton's interpreter, counted without
+running the kernels (the counts do not depend on the data; tests run them). And
+the torch path, which a CPU device runs, counted and timed as below.
 
 On a GPU every dispatched op is a kernel launch (microseconds of host time) and
 every scalar read (`aten::_local_scalar_dense`: `.item()`, `int(t)`, `.tolist()`)
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +37,7 @@ import torch
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
 from scout_sglang.core.host_work import HostClock, PythonLineCounter, clock_overhead_s_per_op, keep_freed_memory
-from scout_sglang.core.op_counter import OpCounter
+from scout_sglang.core.op_counter import LaunchCounter, OpCounter
 from scout_sglang.core.shape import ModelShape
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,10 +52,12 @@ def log(message: str) -> None:
     print(f"[bench_host_overhead] {message}", file=sys.stderr, flush=True)
 
 
-def build(mode: str, batch: int, num_kv_heads: int, variant: str) -> tuple[CoAttentionEngine, ModelShape]:
+def build(mode: str, batch: int, num_kv_heads: int, variant: str,
+          kernel_impl: str | None = None) -> tuple[CoAttentionEngine, ModelShape]:
     shape = ModelShape(num_layers=NUM_LAYERS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     recall = dict(recall_policy="interval", recall_interval=1) if variant == "recall" else dict(recall_policy="off")
-    config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=BUDGET, cpu_groups=1, dense_layers=(0,), **recall)
+    config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=BUDGET, cpu_groups=1, dense_layers=(0,),
+                         kernel_impl=kernel_impl, **recall)
     engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
                                max_tokens_per_request=CONTEXT + 2 * BLOCK, track_changes=False)
     gen = torch.Generator().manual_seed(0)
@@ -61,7 +71,7 @@ def build(mode: str, batch: int, num_kv_heads: int, variant: str) -> tuple[CoAtt
     return engine, shape
 
 
-def decode_step(engine, shape, batch, gen, counter=None):
+def decode_step(engine, shape, batch, gen, counter=None, per_layer=None):
     """One decode step; the layer loop runs under `counter` (a dispatch mode) when given. Returns host seconds of
     the layer loop and of the once-a-step work around it (begin_step's plan, end_step), and the step's telemetry
     (its `cpu_wait` timing: the loop's waits for the CPU part, stream-ordered on a GPU, not host work)."""
@@ -70,11 +80,14 @@ def decode_step(engine, shape, batch, gen, counter=None):
     start = time.perf_counter()
     engine.begin_step(list(range(batch)))
     planned = time.perf_counter()
+    out = torch.empty_like(q)
     with counter if counter is not None else contextlib.nullcontext():
         for layer in range(NUM_LAYERS):
             if layer + 1 < NUM_LAYERS and engine.wants_prediction(layer + 1):
-                engine.predict(layer + 1, q[layer + 1] + 0.1)
-            engine.attend(layer, q[layer], kv[0, layer], kv[1, layer])
+                with per_layer(layer + 1) if per_layer else contextlib.nullcontext():  # a layer's front
+                    engine.predict(layer + 1, q[layer + 1] + 0.1)
+            with per_layer(layer) if per_layer else contextlib.nullcontext():
+                engine.attend(layer, q[layer], kv[0, layer], kv[1, layer], out=out[layer])
     looped = time.perf_counter()
     telemetry = engine.end_step()
     return looped - planned, planned - start + time.perf_counter() - looped, telemetry
@@ -89,6 +102,35 @@ def second_step(mode, batch, num_kv_heads, variant, counter=None) -> tuple[float
         return decode_step(engine, shape, batch, gen, counter)
     finally:
         engine.close()
+
+
+def gpu_path_counts(mode, batch, num_kv_heads, variant) -> dict:
+    """The Triton path's launches per offloaded and per dense layer (the most over the layers of each kind) and
+    its host's Python lines per layer, in the measured step: on CUDA natively, here under the interpreter with
+    the kernels counted, not run."""
+    on_cuda = torch.cuda.is_available()
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return {}
+    engine, shape = build(mode, batch, num_kv_heads, variant, kernel_impl="triton")
+    gen = torch.Generator().manual_seed(1)
+    counters, lines = {}, PythonLineCounter(skip_launches=True, run_launches=on_cuda)
+    try:
+        with LaunchCounter(run=on_cuda):
+            decode_step(engine, shape, batch, gen)  # first fills; the layers' launches are recorded once
+            decode_step(engine, shape, batch, gen, per_layer=lambda layer: counters.setdefault(layer, LaunchCounter(
+                run=on_cuda)))
+        with LaunchCounter(run=on_cuda):
+            decode_step(engine, shape, batch, gen, counter=lines)
+    finally:
+        engine.close()
+    dense = [c.launches() for layer, c in counters.items() if layer in engine.full_layers and layer not in
+             engine._selects]
+    offloaded = [c.launches() for layer, c in counters.items() if layer not in engine.full_layers or layer in
+                 engine._selects]
+    return dict(gpu_launches_per_offloaded_layer=max(offloaded, default=None),
+                gpu_launches_per_dense_layer=max(dense, default=None),
+                gpu_python_lines_per_layer=round(lines.lines / NUM_LAYERS, 1),
+                gpu_kernels={name: n for c in counters.values() for name, n in c.triton.items()})
 
 
 def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s) -> dict:
@@ -114,7 +156,7 @@ def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s) -> di
                 host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
                 outside_ops_ms_per_layer=round(1e3 * min(outside) / NUM_LAYERS, 3),
                 plan_host_ms=round(1e3 * min(plans), 3),
-                top_ops=counter.ops.most_common(5))
+                top_ops=counter.ops.most_common(5), **gpu_path_counts(mode, batch, num_kv_heads, variant))
 
 
 def projection(rows) -> dict:
@@ -262,6 +304,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="scout and full, batch 1 and 64, steady step; no files")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():  # the GPU path's kernels are counted in Triton's interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.set_num_threads(1)
     if not keep_freed_memory():
         log("not glibc: freeing a large tensor may unmap it, and the time outside the ops then includes that")
@@ -286,13 +330,20 @@ def main(argv=None) -> int:
                         f"{row['scalar_reads_per_layer']} scalar reads, {row['host_ms_per_layer']} ms per layer, "
                         f"{row['outside_ops_ms_per_layer']} ms of it outside the ops, "
                         f"{row['python_lines_per_layer']} Python lines, "
-                        f"{row['cpu_fallbacks_in_counted_steps']} CPU fallbacks in the counted steps")
+                        f"{row['cpu_fallbacks_in_counted_steps']} CPU fallbacks in the counted steps; GPU path: "
+                        f"{row.get('gpu_launches_per_offloaded_layer')} launches per offloaded layer, "
+                        f"{row.get('gpu_launches_per_dense_layer')} per dense layer, "
+                        f"{row.get('gpu_python_lines_per_layer')} Python lines per layer")
                     rows.append(row)
     result = dict(rows=rows, quick=args.quick, projected_step_ms=projection(rows), targets=check_targets(rows),
                   clock_overhead_us_per_op=round(1e6 * clock_overhead_s, 2),
                   assumptions=dict(launch_us=LAUNCH_US, sync_us=SYNC_US, **PROJECTION))
     steady = {(r["mode"], r["batch"]): r for r in rows if r["variant"] == "steady" and r["num_kv_heads"] == 8}
     summary = dict(
+        gpu_launches_per_offloaded_layer={f"{m}@{b}": r.get("gpu_launches_per_offloaded_layer")
+                                          for (m, b), r in steady.items()},
+        gpu_launches_per_dense_layer={f"{m}@{b}": r.get("gpu_launches_per_dense_layer") for (m, b), r in steady.items()},
+        gpu_python_lines_per_layer={f"{m}@{b}": r.get("gpu_python_lines_per_layer") for (m, b), r in steady.items()},
         ops_per_layer={f"{m}@{b}": r["ops_per_layer"] for (m, b), r in steady.items()},
         scalar_reads_per_layer={f"{m}@{b}": r["scalar_reads_per_layer"] for (m, b), r in steady.items()},
         python_lines_per_layer={f"{m}@{b}": r["python_lines_per_layer"] for (m, b), r in steady.items()},

@@ -119,6 +119,7 @@ class FlagWorker:
         self._stop = False
         self._kicked = time.monotonic()
         self.replaced_threads = 0
+        self.busy_s = 0.0  # seconds the threads spent attending, summed over threads
         self.errors: dict[int, str] = {}  # layer index -> the last error message
         self.threads = [self._start_thread(i) for i in range(threads)]
 
@@ -126,6 +127,10 @@ class FlagWorker:
         thread = threading.Thread(target=self._loop, args=(number,), name=f"scout-cpu-part-{number}", daemon=True)
         thread.start()
         return thread
+
+    def thread_ids(self) -> list[int]:
+        """The OS ids of the live threads (for /proc accounting)."""
+        return [thread.native_id for thread in self.threads if thread.is_alive() and thread.native_id]
 
     def thread_cpus(self) -> list[int]:
         """The CPUs the live threads may run on, read back from the OS."""
@@ -242,6 +247,7 @@ class FlagWorker:
             self._draw_faults(job)
         error = None
         if not job.failed_by_plan and not job.stale:
+            began = time.perf_counter()
             try:
                 error = check_part_row(part, row)
                 if error is None:
@@ -251,7 +257,11 @@ class FlagWorker:
                                         scratch=self._scratch())
             except Exception as exc:  # noqa: BLE001 - reported in the status word
                 error = f"{type(exc).__name__}: {exc}"
+            busy = time.perf_counter() - began
+        else:
+            busy = 0.0
         with self._lock:
+            self.busy_s += busy
             job.workers.discard(row)
             if error is not None and job.error_row < 0:
                 job.error_row, job.error = row, error

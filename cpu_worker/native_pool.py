@@ -57,6 +57,15 @@ class NativeWorkerPool:
     def errors(self) -> dict[int, str]:
         return {index: self._pool.last_error(index) for index in self._parts if self._pool.last_error(index)}
 
+    @property
+    def busy_s(self) -> float:
+        """Seconds the threads spent attending since start-up, summed over threads."""
+        return self._pool.busy_ns() / 1e9
+
+    def thread_ids(self) -> list[int]:
+        """The OS ids of the threads (for /proc accounting)."""
+        return [tid for tid in self._pool.thread_ids() if tid]
+
     def thread_cpus(self) -> list[int]:
         """The CPUs the live threads may run on, read back from the OS."""
         return self._pool.thread_cpus()

@@ -111,9 +111,9 @@ SGLANG_FLAGS = [
     ("`--disaggregation-mode decode`", "Scout as the decode instance of a PD deployment (the `arrival` pool)."),
     ("`--kv-cache-dtype auto`", "The default, and the only kind accepted besides explicit bf16/fp16."),
     ("`--tp N`", "Accepted: query heads are split across ranks. Not tested end to end with N > 1."),
-    ("`--cuda-graph-max-bs N`", "Decode CUDA graphs are captured with SGLang's breakable graph backend (chosen "
-     "by the backend, no flag). Capturing beyond the request slots is an error: keep N <= "
-     "`--max-running-requests`."),
+    ("`--cuda-graph-max-bs N`", "Decode CUDA graphs are SGLang's default full graphs: the whole step, the "
+     "engine's kernels and the CPU part's hand-off included, is captured. Capturing beyond the request slots is "
+     "an error: keep N <= `--max-running-requests`."),
 ]
 
 

@@ -141,6 +141,8 @@ def test_a_late_part_never_reaches_the_merge_and_a_stale_answer_is_not_taken_for
                          capacity=capacity, dtype=torch.float32, device=torch.device("cpu"), host_k={1: host_k},
                          host_v={1: host_v}, scale=scale, worker=worker, deadline_s=1e-3)
 
+    part = handoff.worker_id[1]  # the layer's name with the worker
+
     def step(seq):
         """Stage a part and ring it -> (the plan, the device part (o, lse), the expected merged output)."""
         q = torch.randn(batch_size, SHAPE.num_qo_heads, head_dim, generator=generator)
@@ -162,19 +164,19 @@ def test_a_late_part_never_reaches_the_merge_and_a_stale_answer_is_not_taken_for
     out, status = resolve(plan, o_dev, lse_dev)
     assert status == STATUS_DEADLINE
     assert_close(out, expected, torch.float32)
-    worker.answer(0, 1, garbage=True)  # the late part lands afterwards: nothing reads it
+    worker.answer(part, 1, garbage=True)  # the late part lands afterwards: nothing reads it
     plan, o_dev, lse_dev, expected = step(seq=2)
-    worker.answer(0, 2)
+    worker.answer(part, 2)
     out, status = resolve(plan, o_dev, lse_dev)
     assert status == STATUS_OK
     assert_close(out, expected, torch.float32)
     plan, o_dev, lse_dev, expected = step(seq=3)
-    worker.answer(0, 2, garbage=True)  # an answer for the previous step, during this one: not this step's
+    worker.answer(part, 2, garbage=True)  # an answer for the previous step, during this one: not this step's
     out, status = resolve(plan, o_dev, lse_dev)
     assert status == STATUS_DEADLINE
     assert_close(out, expected, torch.float32)
     plan, o_dev, lse_dev, expected = step(seq=4)
-    worker.answer(0, 4, status=STATUS_ERROR, garbage=True)  # a failed part: its outputs are never read
+    worker.answer(part, 4, status=STATUS_ERROR, garbage=True)  # a failed part: its outputs are never read
     out, status = resolve(plan, o_dev, lse_dev)
     assert status == STATUS_ERROR
     assert_close(out, expected, torch.float32)

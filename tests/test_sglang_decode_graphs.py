@@ -1,20 +1,22 @@
-"""The scout backend under SGLang's breakable decode CUDA graphs, driven on the CPU.
+"""The scout backend under SGLang's full decode CUDA graph (its default), driven on the CPU.
 
-What SGLang's graph runner does, step by step (sglang 0.5.23, decode_cuda_graph_runner
-and the breakable graph backend): init_cuda_graph_state; capture at the
-largest batch with a dummy batch (init_forward_metadata_out_graph(in_capture=True),
-a warm-up that runs the real bodies, then the capture, where functions marked
-eager_on_graph are recorded as breaks between segments); then every replay:
-the live rows copied into the static buffers and the rest padded (request slot
-0, the fill length), init_forward_metadata_out_graph(replay view), and the
-segments and breaks replayed over the capture's tensors. Here the segments
-(the projections) are emulated by writing the live q/k/v into the captured
-buffers; the breaks are SGLang's own recorded callables. The graph backend
-needs CUDA, the break machinery does not.
+What SGLang's graph runner does, step by step (sglang 0.5.23, decode_cuda_graph_runner):
+init_cuda_graph_state; capture at a batch size with a dummy batch
+(init_forward_metadata_out_graph(in_capture=True), a warm-up that runs the
+real bodies, then the capture of the forward); then every replay: the live
+rows copied into the static buffers and the rest padded (request slot 0, the
+fill length), init_forward_metadata_out_graph(replay view), and the graph
+replayed. No Python runs at replay: the backend's layer call must be kernels
+only, over static buffers. Here the engine runs its Triton path under Triton's
+interpreter, a capture records the Triton launches of the attention call
+(core/launch_program.Recorder) and a replay runs them, and nothing else, after
+writing the live q/k/v into the captured buffers (what the model's captured
+projections do).
 
 Checked: a replay at the captured size and at a smaller, padded batch with
-longer contexts gives the eager backend's outputs for the live rows, and no
-captured or engine buffer is reallocated between replays.
+longer contexts gives the eager backend's outputs for the live rows, the padded
+rows stay zero, no captured or engine buffer is reallocated between replays, and
+the replayed steps' telemetry reaches the statistics without a read per step.
 """
 
 from __future__ import annotations
@@ -31,14 +33,9 @@ pytest.importorskip("sglang")
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context  # noqa: E402
-from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
-    breakable_cuda_graph as bcg,
-)
-from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (  # noqa: E402
-    enable_breakable_cuda_graph,
-)
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
 
+from scout_sglang.core.launch_program import Recorder  # noqa: E402
 from scout_sglang.sglang_adapter import plugin  # noqa: E402
 
 CAPTURE_BS, PREFIX = 4, (30, 41, 23, 36)
@@ -49,25 +46,11 @@ def settings(monkeypatch):
     # A sparse budget over these short contexts: selection, resident buffer and CPU part all take part.
     for name, value in dict(SCOUT_KV_POOL="stock", SCOUT_BLOCK_SIZE="4", SCOUT_TOKEN_BUDGET="16", SCOUT_DENSE_LAYERS="",
                             SCOUT_SINK_BLOCKS="1", SCOUT_LOCAL_BLOCKS="1", SCOUT_RECALL_POLICY="interval",
-                            SCOUT_RECALL_INTERVAL="1", SCOUT_CPU_GROUPS="1").items():
+                            SCOUT_RECALL_INTERVAL="1", SCOUT_CPU_GROUPS="1", SCOUT_KERNEL_IMPL="triton").items():
         monkeypatch.setenv(name, value)
     plugin.register()
     with torch.no_grad():
         yield
-
-
-class FakeCapture:
-    """What eager_on_graph touches on SGLang's capture object (no CUDA graph behind it)."""
-
-    def __init__(self):
-        self.cuda_graph = SimpleNamespace(_break_fns=[])
-        self._barrier_fn = None
-
-    def _end_current_segment(self):
-        pass
-
-    def _begin_new_segment(self):
-        pass
 
 
 def build():
@@ -104,32 +87,27 @@ def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
     eager, graph = build(), build()
     backend, module = graph.backend, graph.actual_module
     hidden = [torch.randn(CAPTURE_BS, module.hidden_size, dtype=torch.bfloat16) for _ in range(2)]
-    # Static buffers of the captured graph: the projections' outputs and the attention output.
+    # Static buffers of the captured graph: the projections' outputs (and the attention output, made at capture).
     q, k, v = (t.clone() for t in module.project_qkv(hidden[0]))
-    out = None
     backend.init_cuda_graph_state(CAPTURE_BS, CAPTURE_BS)
     capture_fb = step_batch(graph, CAPTURE_BS, 0)
     backend.init_forward_metadata_out_graph(capture_fb, in_capture=True)
-    with enable_breakable_cuda_graph():
-        warmup = attention(graph, q, k, v, capture_fb)  # a warm-up: the real body, nothing planned
-        assert torch.count_nonzero(warmup) == 0
-        capture = FakeCapture()
-        token = bcg._current_capture_var.set(capture)
-        try:
-            out = attention(graph, q, k, v, capture_fb)
-        finally:
-            bcg._current_capture_var.reset(token)
-    assert len(capture.cuda_graph._break_fns) == 1, "the engine's layer call is one break"
+    warmup = attention(graph, q, k, v, capture_fb)  # a warm-up: the real body over a step of padding rows
+    assert torch.count_nonzero(warmup) == 0
+    with Recorder() as capture:
+        out = attention(graph, q, k, v, capture_fb)
+    engine_kernels = {getattr(kernel, "__name__", "") for kernel, *_ in capture.launches}
+    assert {"_ring_kernel", "_wait_kernel", "_merge_cpu_part_kernel"} <= engine_kernels, engine_kernels
     engine = backend.engine
-    buffers = lambda: [out.data_ptr(), q.data_ptr()] + [t.data_ptr() for t in (
-        *engine.offloaded.dev_k.values(), *engine.offloaded.host_k.values(), *engine._handoff.q.values(),
-        *engine._handoff.out_o.values())]  # noqa: E731
+    buffers = lambda: [out.data_ptr(), q.data_ptr()] + [t.data_ptr() for t in (  # noqa: E731
+        *engine.offloaded.dev_k.values(), *engine.offloaded.host_k.values(), *engine.handoff.q.values(),
+        *engine.handoff.out_o.values(), engine.buffers.o, engine.buffers.counters)]
     before = buffers()
     for step, rows in enumerate((CAPTURE_BS, 2)):
         fb = step_batch(eager, rows, step)
         expected = eager_attention(eager, fb, hidden[step][:rows])
         live_q, live_k, live_v = module.project_qkv(hidden[step][:rows])
-        for static, live in ((q, live_q), (k, live_k), (v, live_v)):  # the segment before the break
+        for static, live in ((q, live_q), (k, live_k), (v, live_v)):  # what the captured projections write
             static[:rows] = live
         padded = step_batch(graph, CAPTURE_BS, step)
         padded.req_pool_indices[rows:] = 0
@@ -139,12 +117,14 @@ def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
                                seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
                                out_cache_loc=padded.out_cache_loc[:rows])
         backend.init_forward_metadata_out_graph(view)
-        for replay_break in capture.cuda_graph._break_fns:
-            replay_break()
+        for kernel, grid, args, kwargs in capture.launches:  # the replay: the recorded launches, nothing else
+            kernel.run(*args, grid=grid, warmup=False, **kwargs)
         torch.testing.assert_close(out[:rows], expected, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
         assert torch.count_nonzero(out[rows:]) == 0, "padded rows must stay zero"
         assert buffers() == before, f"step {step}: a buffer was reallocated"
-    assert backend.last_telemetry.totals().cpu_blocks > 0, "the CPU part never ran"
+    report = backend.report()  # between forwards: the replayed steps are committed and their counters read once
+    assert report["decode_steps"] == 2 and backend.last_telemetry.totals().cpu_blocks > 0, "the CPU part never ran"
+    assert all(engine.requests[slot].num_tokens == prefix + 2 for slot, prefix in zip(range(2), PREFIX))
     engine.close()
     eager.backend.engine.close()
 

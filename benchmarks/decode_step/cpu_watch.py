@@ -1,85 +1,55 @@
-"""The CPU attention worker seen from outside: a CpuAttentionPool wrapper that
-records when each submit's tasks finish (wall time the worker was busy) and
-reads the worker threads' CPU seconds from /proc.
+"""The CPU part's worker seen from outside: its busy time (the seconds its threads spent attending, summed over
+threads, as the worker counts them) and its threads' CPU seconds (Linux /proc, 10 ms ticks).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import queue
-import threading
-import time
 from pathlib import Path
 
 
-class WatchedPool:
-    """A CpuAttentionPool seen through its public submit / wait, with finish times.
+def make_worker(threads: int, impl: str):
+    """The worker an engine of this benchmark hands its CPU parts to: the native pool (C++ threads) unless impl
+    is torch or it does not build here, else the Python reference worker."""
+    from scout_sglang.cpu_worker import native_pool
+    from scout_sglang.cpu_worker.flag_worker import FlagWorker
 
-    A watcher thread waits on every handle in submit order (the pool serves
-    one FIFO queue) and records (submitted, finished) wall times; the union of
-    those spans is the time the CPU worker had work outstanding.
-    """
+    if impl != "torch" and native_pool.available():
+        return native_pool.NativeWorkerPool(threads=threads)
+    return FlagWorker(threads=threads, impl=impl)
 
-    def __init__(self, pool):
-        self.pool = pool
-        self._pending: queue.SimpleQueue = queue.SimpleQueue()
-        self._spans: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
-        self._submitted = 0
-        self._finished = 0
-        self._thread = threading.Thread(target=self._watch, name="bench-cpu-watch", daemon=True)
-        self._thread.start()
 
-    def submit(self, *args, **kwargs):
-        start = time.perf_counter()
-        handle = self.pool.submit(*args, **kwargs)
-        self._submitted += 1
-        self._pending.put((handle, start))
-        return handle
+class WatchedWorker:
+    """A worker shared by the engines of one run group, with its busy time and CPU seconds per step."""
 
-    def wait(self, handle, timeout=None):
-        self.pool.wait(handle, timeout)
+    def __init__(self, worker):
+        self.worker = worker
+        self._busy_mark = worker.busy_s
 
-    def _watch(self):
-        while (item := self._pending.get()) is not None:
-            handle, start = item
-            try:
-                self.pool.wait(handle)
-            except Exception:  # noqa: BLE001 - the engine's own wait reports failures
-                pass
-            with self._lock:
-                self._spans.append((start, time.perf_counter()))
-                self._finished += 1
+    @property
+    def num_threads(self) -> int:
+        return len(self.worker.threads)
 
     def take_busy_s(self) -> float:
-        """Seconds covered by the spans of every submit so far (then forgets them)."""
-        while True:
-            with self._lock:
-                if self._finished >= self._submitted:
-                    spans, self._spans = sorted(self._spans), []
-                    break
-            time.sleep(1e-4)
-        busy, end = 0.0, -math.inf
-        for start, finish in spans:
-            if finish > end:
-                busy += finish - max(start, end)
-                end = finish
-        return busy
+        """Seconds the worker's threads spent attending since the last call (summed over threads)."""
+        busy = self.worker.busy_s
+        delta, self._busy_mark = busy - self._busy_mark, busy
+        return delta
 
     def thread_cpu_s(self) -> float | None:
-        """CPU seconds consumed so far by the pool's worker threads (Linux /proc; 10 ms ticks)."""
+        """CPU seconds consumed so far by the worker's threads (Linux /proc; 10 ms ticks)."""
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         total = 0
         try:
-            for thread in self.pool.threads:
-                fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+            for tid in self.worker.thread_ids():
+                fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(fields[11]) + int(fields[12])  # utime, stime
         except (OSError, IndexError, ValueError):
             return None
         return total / tick
 
     def shutdown(self):
-        self._pending.put(None)
-        self._thread.join()
-        self.pool.shutdown()
+        self.worker.shutdown()
+
+    def __repr__(self) -> str:
+        return f"{type(self.worker).__name__}(threads={self.num_threads})"

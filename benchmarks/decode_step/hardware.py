@@ -35,10 +35,10 @@ def host_read_bandwidth_gbs(num_bytes: int = 512 << 20) -> float:
     return num_bytes / statistics.median(times[1:]) / 1e9
 
 
-def hardware(device: torch.device, pool) -> dict:
+def hardware(device: torch.device, worker: str) -> dict:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info = dict(cpu_model=cpu_model(), cores=cores, torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                host_read_gbs=host_read_bandwidth_gbs(), cpu_pool=repr(pool.pool), device=str(device))
+                host_read_gbs=host_read_bandwidth_gbs(), cpu_pool=worker, device=str(device))
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

@@ -16,8 +16,7 @@ def write_plot(path: Path, report: dict) -> None:
     import matplotlib.pyplot as plt
 
     shapes = report["shapes"]
-    colors = dict(device_attention="#4c72b0", select="#dd8452", cpu_wait="#c44e52", merge="#8172b3",
-                  recall="#55a868", layer_compute="#937860", other="#bbbbbb")  # fmt: skip
+    colors = dict(engine="#4c72b0", cpu_wait="#c44e52", layer_compute="#937860")
     contexts = sorted({s["context"] for s in shapes})
     ncols = max(1, len(contexts))
     fig = plt.figure(figsize=(5.5 * ncols, 9))

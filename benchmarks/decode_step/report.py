@@ -21,8 +21,8 @@ def spread(row: dict) -> str:
 
 
 def sweep_table(rows: list[dict]) -> list[str]:
-    head = ("| mode | step ms | min-max | tok/s | vs full | layer 0 | device attn | select | cpu_wait | merge | recall | layer compute"
-            " | other (host) | CPU busy | CPU thread | idle | CPU ratio |")
+    head = ("| mode | step ms | min-max | tok/s | vs full | layer 0 | engine | cpu_wait | layer compute"
+            " | CPU busy | CPU thread | idle | CPU ratio |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     full = next((r for r in rows if r["mode"] == "full"), None)
     for r in rows:
@@ -37,8 +37,8 @@ def sweep_table(rows: list[dict]) -> list[str]:
 
 
 def ablation_table(rows: list[dict]) -> list[str]:
-    lines = ["| configuration | step ms | min-max | speedup | device attn | select | cpu_wait | merge | recall | CPU busy | idle"
-             " | CPU ratio | recalled blocks/step |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | step ms | min-max | speedup | engine | cpu_wait | CPU busy | idle"
+             " | CPU ratio | recalled blocks/step |", "|---|---|---|---|---|---|---|---|---|---|"]
     base = rows[0]["step_ms"]
     for r in rows:
         b = r["breakdown_ms"]
@@ -111,12 +111,12 @@ def write_markdown(path: Path, report: dict) -> None:
                      f"{wl['quest_change_rate']:.1%} (the paper: < 15%)")
     lines += [
         "",
-        "Columns (ms per step): device attn, select, cpu_wait, merge, recall are the engine's own timers "
-        "(StepTelemetry); layer compute is the simulated rest of the layers; other = step - all of those "
-        "(host bookkeeping: block tables, splits, copies, Python). layer 0 = wall time from begin_step to the end of "
-        "layer 0's attention (the dense layer plus step set-up; part of the other columns, shown because with few "
-        "layers it weighs much more than at 36). CPU busy = wall time the CPU worker had "
-        "a submit outstanding (it overlaps the other columns and is not part of the sum); CPU thread = CPU "
+        "Columns (ms per step, eager: no CUDA graph): engine = the step less the wait for the CPU part and the "
+        "simulated rest of the layers (the engine's stages, host and device, and its plan); cpu_wait = the wait "
+        "for the CPU part (StepTelemetry); layer compute = the simulated rest of the layers. layer 0 = wall time "
+        "from begin_step to the end of layer 0's attention (the dense layer plus step set-up, shown because with "
+        "few layers it weighs much more than at 36). CPU busy = seconds the CPU worker's threads spent attending, "
+        "summed over threads (it overlaps the other columns and is not part of the sum); CPU thread = CPU "
         "seconds of the worker threads per step (/proc, 10 ms ticks). idle = cpu_wait / step, the time the "
         "device waits for the CPU. CPU ratio = CPU-attended blocks / budget blocks.",
         "",

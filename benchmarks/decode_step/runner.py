@@ -19,7 +19,7 @@ from .common import BLOCK_SIZE, BREAKDOWN, ENGINE_TIMERS, HEAD_DIM, NUM_KV_HEADS
 class EngineRun:
     """One engine (mode + switches) on one shape: prefill, then steps on demand, then a summary."""
 
-    def __init__(self, args, prompts, *, mode, batch_size, total_steps, device, pool, layer_ahead=True,
+    def __init__(self, args, prompts, *, mode, batch_size, total_steps, device, worker, layer_ahead=True,
                  recall_policy="adaptive", track_changes=False, label=None):
         from scout_sglang.config import ScoutConfig
         from scout_sglang.core.engine import CoAttentionEngine
@@ -35,7 +35,7 @@ class EngineRun:
                              recall_policy=recall_policy, kernel_impl=args.kernel_impl, cpu_impl=args.cpu_impl)
         self.engine = CoAttentionEngine(config, shape, device=device, dtype=torch.bfloat16, max_requests=batch_size,
                                         max_tokens_per_request=prompts.context + total_steps + BLOCK_SIZE,
-                                        cpu_pool=pool, track_changes=track_changes)  # fmt: skip
+                                        cpu_worker=worker.worker, track_changes=track_changes)  # fmt: skip
         start = time.perf_counter()
         for b in range(batch_size):
             self.engine.add_request(b)
@@ -45,11 +45,11 @@ class EngineRun:
         self.prefill_s = time.perf_counter() - start
         self.rows: list[dict] = []
 
-    def step(self, inputs, s: int, *, pool, layer_compute, timed: bool) -> None:
+    def step(self, inputs, s: int, *, worker, layer_compute, timed: bool) -> None:
         """Decode step s of `inputs`; recorded when `timed`."""
         engine, device, layers = self.engine, self.device, self.args.layers
-        pool.take_busy_s()
-        cpu_before = pool.thread_cpu_s()
+        worker.take_busy_s()
+        cpu_before = worker.thread_cpu_s()
         synchronize(device)
         start = time.perf_counter()
         engine.begin_step(list(range(self.batch_size)))
@@ -65,13 +65,12 @@ class EngineRun:
         telemetry = engine.end_step()
         synchronize(device)
         step_s = time.perf_counter() - start
-        busy_s = pool.take_busy_s()
-        cpu_after = pool.thread_cpu_s()
+        busy_s = worker.take_busy_s()
+        cpu_after = worker.thread_cpu_s()
         if not timed:
             return
-        timings = {key: telemetry.timings.get(key, 0.0) for key in ENGINE_TIMERS}
-        timings["layer_compute"] = layer_s
-        timings["other"] = step_s - sum(timings.values())
+        timings = dict(cpu_wait=telemetry.timings.get("cpu_wait", 0.0), layer_compute=layer_s)
+        timings["engine"] = step_s - timings["cpu_wait"] - layer_s
         totals = telemetry.totals()
         self.rows.append(dict(
             step_s=step_s, first_layer_s=first_layer_s, cpu_busy_s=busy_s, timings=timings,
@@ -124,7 +123,7 @@ def available_bytes() -> int | None:
     return None
 
 
-def run_interleaved(args, prompts, inputs, configs, *, batch_size, warmup, steps, pool, layer_compute,
+def run_interleaved(args, prompts, inputs, configs, *, batch_size, warmup, steps, make_worker, layer_compute,
                     device) -> tuple[list[dict], bool]:
     """Run several engine configurations on the same inputs, one step of each in turn.
 
@@ -144,15 +143,17 @@ def run_interleaved(args, prompts, inputs, configs, *, batch_size, warmup, steps
     groups = [configs] if interleave else [[c] for c in configs]
     results = []
     for group in groups:
-        runs = [EngineRun(args, prompts, batch_size=batch_size, total_steps=total, device=device, pool=pool, **c)
+        worker = make_worker()  # the group's engines share it (their parts have names of their own there)
+        runs = [EngineRun(args, prompts, batch_size=batch_size, total_steps=total, device=device, worker=worker, **c)
                 for c in group]
         for s in range(total):
             for run in runs:
-                run.step(inputs, s, pool=pool, layer_compute=layer_compute, timed=s >= warmup)
+                run.step(inputs, s, worker=worker, layer_compute=layer_compute, timed=s >= warmup)
         for run in runs:
             run.close()
             results.append(run.summary())
         del runs
+        worker.shutdown()
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ from .runner import run_interleaved
 from .workload import LayerCompute, Prompts, StepInputs
 
 
-def run_sweep(args, report: dict, *, modes: list[str], kind: str, device, pool, layer_compute) -> None:
+def run_sweep(args, report: dict, *, modes: list[str], kind: str, device, make_worker, layer_compute) -> None:
     """Fill report["shapes"], ["skipped"], ["ablation"] and ["workload"] (kind: the layer compute's)."""
     ablation_shape = parse_ints(args.ablation_shape) if args.ablation_shape else None
     steps_total = max(args.warmup + args.steps, (args.ablation_warmup + args.ablation_steps) if ablation_shape else 0)
@@ -42,7 +42,7 @@ def run_sweep(args, report: dict, *, modes: list[str], kind: str, device, pool, 
             workload["predict_cosine"], workload["step_cosine"] = inputs.predict_cosine, inputs.step_cosine
             rows, interleaved = run_interleaved(
                 args, prompts, inputs, [dict(mode=m) for m in modes], batch_size=batch_size, warmup=args.warmup,
-                steps=args.steps, pool=pool, layer_compute=layer_compute, device=device)
+                steps=args.steps, make_worker=make_worker, layer_compute=layer_compute, device=device)
             for r in rows:
                 log(f"ctx {context} B {batch_size} {r['mode']:9s}: step {r['step_ms']:8.1f} ms  "
                     f"idle {r['idle_frac']:.1%}  CPU busy {r['cpu_busy_ms']:.1f} ms  cpu ratio {r['cpu_ratio']:.1%}")
@@ -58,7 +58,7 @@ def run_sweep(args, report: dict, *, modes: list[str], kind: str, device, pool, 
                        for label, ahead, policy in ABLATION]
             rows, interleaved = run_interleaved(
                 args, prompts, inputs, configs, batch_size=batch_size, warmup=args.ablation_warmup,
-                steps=args.ablation_steps, pool=pool, layer_compute=layer_compute, device=device)
+                steps=args.ablation_steps, make_worker=make_worker, layer_compute=layer_compute, device=device)
             for r in rows:
                 log(f"ablation {r['label']:28s}: step {r['step_ms']:8.1f} ms  idle {r['idle_frac']:.1%}  "
                     f"cpu ratio {r['cpu_ratio']:.1%}  recalled {r['recalled_blocks_per_step']:.0f} blocks/step")
@@ -67,7 +67,7 @@ def run_sweep(args, report: dict, *, modes: list[str], kind: str, device, pool, 
             if not args.quick:  # how much the selection moves: quest with the real queries, change tracking on
                 (r,), _ = run_interleaved(
                     args, prompts, inputs, [dict(mode="quest", track_changes=True)], batch_size=batch_size, warmup=1,
-                    steps=n - 1, pool=pool, layer_compute=LayerCompute(0, "sleep", device), device=device)
+                    steps=n - 1, make_worker=make_worker, layer_compute=LayerCompute(0, "sleep", device), device=device)
                 workload["quest_change_rate"] = r["change_rate"]
                 log(f"quest selection change rate between steps: {r['change_rate']:.1%}")
         del prompts

@@ -188,6 +188,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("shutdown", &WorkerPool::shutdown, "Stop and join every thread.", gil_release())
       .def("replaced_threads", &WorkerPool::replaced_threads)
       .def("num_threads", &WorkerPool::num_threads)
+      .def("busy_ns", &WorkerPool::busy_ns)
+      .def("thread_ids", &WorkerPool::thread_ids)
       .def("last_error", &WorkerPool::last_error)
       .def("thread_cpus", &WorkerPool::thread_cpus);
   m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");

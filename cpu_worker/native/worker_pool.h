@@ -23,7 +23,9 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <torch/extension.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -86,8 +88,9 @@ class WorkerPool {
     last_kick_ = Clock::now();
     for (int64_t i = 0; i < threads; ++i) {
       alive_.push_back(std::make_unique<std::atomic<bool>>(true));
-      threads_.emplace_back(&WorkerPool::loop, this, i);
+      tids_.push_back(std::make_unique<std::atomic<int64_t>>(0));
     }
+    for (int64_t i = 0; i < threads; ++i) threads_.emplace_back(&WorkerPool::loop, this, i);
   }
 
   ~WorkerPool() { shutdown(); }
@@ -171,6 +174,16 @@ class WorkerPool {
 
   int64_t num_threads() const { return static_cast<int64_t>(threads_.size()); }
 
+  // Nanoseconds the threads spent attending items since start-up (summed over threads): the worker's busy time.
+  int64_t busy_ns() const { return busy_ns_.load(); }
+
+  // The OS thread ids of the threads (0 until a thread has started), for /proc accounting.
+  std::vector<int64_t> thread_ids() const {
+    std::vector<int64_t> out;
+    for (const auto& tid : tids_) out.push_back(tid->load());
+    return out;
+  }
+
   std::string last_error(int64_t index) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = errors_.find(index);
@@ -205,6 +218,7 @@ class WorkerPool {
   };
 
   void loop(int64_t id) {
+    tids_[id]->store(static_cast<int64_t>(syscall(SYS_gettid)));
     if (!cpus_.empty()) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -333,7 +347,11 @@ class WorkerPool {
     const LayerPart& part = *taken.part;
     const int64_t row = taken.item / part.num_kv_heads, head = taken.item % part.num_kv_heads;
     std::string error;
-    if (!job.failed_by_plan && !job.stale) error = attend_item(part, row, head);
+    if (!job.failed_by_plan && !job.stale) {
+      const auto began = Clock::now();
+      error = attend_item(part, row, head);
+      busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - began).count());
+    }
     std::lock_guard<std::mutex> lock(mu_);
     --job.in_flight;
     if (!error.empty() && job.error_row < 0) {
@@ -413,6 +431,8 @@ class WorkerPool {
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
   std::vector<std::unique_ptr<std::atomic<bool>>> alive_;
+  std::vector<std::unique_ptr<std::atomic<int64_t>>> tids_;
+  std::atomic<int64_t> busy_ns_{0};
   std::map<int64_t, LayerPart> parts_;
   std::map<int64_t, std::unique_ptr<std::atomic<int32_t>>> seen_;
   std::map<int64_t, std::string> errors_;

@@ -4,8 +4,9 @@ digest -> select -> split -> device part / CPU part -> **merge**. Protocol and
 words: scout_sglang.handoff_words. Both the ring and the wait are one-program
 kernels, so a captured CUDA graph replays them with the step (no host step):
 
-    ring   after the split stage staged the part: ROWS, then DOORBELL = SEQ (release, system scope), and the
-           ring time (%globaltimer) for the deadline; nothing when the plan says BYPASS (device-only)
+    ring   after the split stage staged the part (an earlier kernel: its stores are out), ROWS, a system-scope
+           fence, then DOORBELL = SEQ, and the ring time (%globaltimer) for the deadline; nothing when the
+           plan says BYPASS (device-only)
     wait   spin on DONE (volatile, system scope) until it equals SEQ or the deadline passes: the layer's status
            is the worker's STATUS, DEADLINE, or DEVICE_ONLY (bypass)
 
@@ -47,6 +48,12 @@ def _global_ns():
 
 
 @triton.jit
+def _fence_system():
+    # Orders this thread's earlier stores before its later ones for every observer, the host's CPUs included.
+    return tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _clock(iteration, CLOCK: tl.constexpr):
     # The GPU's global timer in ns; without it (Triton's interpreter has none) the spin's iteration count.
     if CLOCK:
@@ -59,8 +66,11 @@ def _clock(iteration, CLOCK: tl.constexpr):
 def _ring_kernel(header_ptr, words_ptr, ring_ns_ptr, SEQ: tl.constexpr, ROWS_H: tl.constexpr,
                  BYPASS: tl.constexpr, ROWS_W: tl.constexpr, DOORBELL_W: tl.constexpr, CLOCK: tl.constexpr):
     if tl.load(header_ptr + BYPASS) == 0:
+        # Plain stores to page-locked memory (atomics there need PCIe atomics), ROWS ordered before DOORBELL.
         tl.store(words_ptr + ROWS_W, tl.load(header_ptr + ROWS_H))
-        tl.atomic_xchg(words_ptr + DOORBELL_W, tl.load(header_ptr + SEQ), sem="release", scope="sys")
+        if CLOCK:
+            _fence_system()
+        tl.store(words_ptr + DOORBELL_W, tl.load(header_ptr + SEQ))
     tl.store(ring_ns_ptr, _clock(tl.zeros((), tl.int64), CLOCK))
 
 

@@ -24,6 +24,7 @@ its part on the device at once instead of after a deadline.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -46,7 +47,8 @@ from scout_sglang.kernels.cpu_part import merge_cpu_part, ring_doorbell, wait_cp
 logger = logging.getLogger("scout_sglang.core")
 # the worker failed; it was not done by the deadline; it was given no part (cpu_health.py)
 FALLBACK_CAUSES = tuple(CAUSE_OF_STATUS.values())
-LOG_INTERVAL_S = 10.0  # at most one fallback message per interval; it counts the ones not logged
+LOG_INTERVAL_S = 10.0
+_WORKER_IDS = itertools.count()  # at most one fallback message per interval; it counts the ones not logged
 
 
 class CpuHandoff:
@@ -83,7 +85,9 @@ class CpuHandoff:
         self.worker = worker
         self.host_k, self.host_v, self.workspace = host_k, host_v, workspace
         self.layers = tuple(layers)
-        self.index = {layer: i for i, layer in enumerate(self.layers)}
+        self.index = {layer: i for i, layer in enumerate(self.layers)}  # row of the words and statuses
+        # The layer's name with the worker: unique in the process, so engines may share one worker.
+        self.worker_id = {layer: next(_WORKER_IDS) for layer in self.layers}
         pin = self.on_cuda
         rows = max_batch
 
@@ -115,7 +119,7 @@ class CpuHandoff:
         self._last_log, self._unlogged = float("-inf"), {}
         if worker is not None:
             for layer in self.layers:
-                worker.register_layer(self.index[layer], LayerPart(
+                worker.register_layer(self.worker_id[layer], LayerPart(
                     q=self.q[layer], pages=self.pages[layer], counts=self.counts[layer], out_o=self.out_o[layer],
                     out_lse=self.out_lse[layer], k_cache=host_k[layer], v_cache=host_v[layer],
                     words=self.words[self.index[layer]], scale=scale))
@@ -180,7 +184,8 @@ class CpuHandoff:
         if plan.bypass:
             code = STATUS_DEVICE_ONLY
         else:
-            code = self.worker.wait_done(i, plan.seq, self._rung_at[i] + self.deadline_s - start)
+            code = self.worker.wait_done(self.worker_id[self.layers[i]], plan.seq,
+                                         self._rung_at[i] + self.deadline_s - start)
         self._wait_np[i] += int(1e9 * (time.monotonic() - start))
         self._status_np[i] = code
         self._outcomes_np[i, code] += 1
@@ -214,7 +219,7 @@ class CpuHandoff:
         detail = f"not done {1e3 * self.deadline_s:g} ms after its ring"
         if cause == "error":
             row = int(self.words[self.index[layer], ERROR_ROW])
-            error = getattr(self.worker, "errors", {}).get(self.index[layer], "")
+            error = getattr(self.worker, "errors", {}).get(self.worker_id[layer], "")
             who = f"sequence {rids[row]}" if 0 <= row < len(rids) else "a padding row"
             detail = f"{who}, layer {layer}: {error}"
         logger.warning("scout: the CPU part of layer %d was computed by the layer itself (%s: %s); fallbacks since "

@@ -441,6 +441,10 @@ class CoAttentionEngine:
         for state in self._batch:
             state.num_tokens += 1
             state.steps += 1
+        if self._batch:  # a step of padding rows only (a graph's capture) decodes nothing
+            self.telemetry.steps += 1
+            self.telemetry.decoded_tokens += len(self._batch)
+            self.telemetry.batch_size = max(self.telemetry.batch_size, len(self._batch))
         self._step_index += 1
         rids = self.plan.rids
         self._batch, self._predicted, self.plan = [], set(), None

@@ -40,8 +40,10 @@ class StepTelemetry:
     """One decode step: per-layer stats plus step-level timings (seconds)."""
 
     step: int
-    batch_size: int
+    batch_size: int  # requests of the step (the most of any step it covers)
     layers: dict[int, LayerStats] = field(default_factory=dict)
+    steps: int = 0  # decode steps it covers: 1, or more when read after several replayed graph steps
+    decoded_tokens: int = 0  # requests x steps
     timings: dict[str, float] = field(default_factory=dict)  # device_attention, cpu_attention, cpu_wait, merge, recall, select
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)  # cause -> layers whose CPU part the layer computed
 

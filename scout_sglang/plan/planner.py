@@ -33,7 +33,7 @@ ASSUMED_MODEL_LAUNCHES = 10.0  # norms, qkv, rope, o_proj, residual, gate_up, ac
 # The plugin's launches around the engine per decode layer, as sglang_adapter/adapter_ops.py counts them (the same
 # at every batch and head count; a test keeps these equal to its count): the decode wrapper in every engine
 # layer, and the layer-ahead prediction (without / with a per-head q_norm) in each layer that takes one.
-ADAPTER_WRAPPER_LAUNCHES = 15.0
+ADAPTER_WRAPPER_LAUNCHES = 14.0
 ADAPTER_PREDICTION_LAUNCHES = {False: 22.0, True: 28.0}
 FLAGS = {  # PlanRequest.overrides key -> the command-line flag that sets it
     "gpu_memory": "--gpu-mem-gib", "hbm_bandwidth": "--hbm-gbs", "pcie_bandwidth": "--pcie-gbs",

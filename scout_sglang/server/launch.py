@@ -3,7 +3,7 @@ on a free loopback port, and stop it with its whole process group.
 
 On the CPU it adds `--device cpu --sleep-on-idle` and SGLANG_USE_CPU_ENGINE=1
 (SGLang's CPU server path); on CUDA it adds nothing: decode CUDA graphs stay on
-(the scout backend asks SGLang for breakable ones).
+(SGLang's default full graphs capture the scout backend's whole step).
 
 A scout server stops on SIGTERM within SCOUT_DRAIN_S (default 25 s) plus its
 shutdown (sglang_adapter/guards.py): the stop below waits that long, plus
@@ -22,7 +22,7 @@ import urllib.request
 
 STARTUP_TIMEOUT_S = 240
 STOP_MARGIN_S = 10
-DEVICE_ARGS = {"cpu": ("--device", "cpu", "--sleep-on-idle"), "cuda": ()}  # CUDA: decode graphs on (breakable)
+DEVICE_ARGS = {"cpu": ("--device", "cpu", "--sleep-on-idle"), "cuda": ()}  # CUDA: decode graphs on (full)
 
 
 def free_port() -> int:

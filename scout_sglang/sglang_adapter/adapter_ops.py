@@ -5,8 +5,8 @@ plugin adds a layer is priced apart by the planner (scout_sglang.plan.step_model
 `adapter_launches_per_layer`):
 
 * the backend's decode wrapper (`forward_decode` -> `decode_into`): the output
-  buffer, the reshapes of q, k and v, the predicted-query cosine kept for the
-  statistics, and the copy of the engine's output into SGLang's;
+  buffer (the engine writes into it), the reshapes of q, k and v, and in an
+  eager step the predicted-query cosine kept for the statistics;
 * the layer-ahead query prediction (`QueryPredictor.predict`), on the layers that
   take one (the offloaded layers after the first): the Q rows of the next layer's
   projection, its q_norm where the model has one, and SGLang's own RoPE.
@@ -62,12 +62,10 @@ def _wrapper_counts(shape: ModelShape, batch: int) -> tuple[int, int, int]:
     from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
     heads, kv_heads, dim = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
-    attended = torch.randn(batch, heads, dim)
     backend = SimpleNamespace(
-        layout="logical", shape=shape, _graph_rows=batch, stats=ServingStats(),
+        layout="logical", shape=shape, stats=ServingStats(), _graph_step=False,
         _predicted={1: torch.randn(batch, heads, dim)},
-        engine=SimpleNamespace(plan=object(), attend=lambda layer, q, k, v: attended),
-        on_graph=lambda: False)
+        engine=SimpleNamespace(plan=object(), attend=lambda layer, q, k, v, out: out))
     backend._check_scale = MethodType(ScoutAttnBackend._check_scale, backend)
     backend.decode_into = MethodType(ScoutAttnBackend.decode_into, backend)
     layer = SimpleNamespace(layer_id=1, scaling=shape.softmax_scale)

@@ -46,11 +46,6 @@ from scout_sglang.sglang_adapter.arrival_pages import (
     completed_block_pages,
     shares_arrival_pool,
 )
-from scout_sglang.sglang_adapter.graph_breaks import (
-    attend_between_segments,
-    graph_break_active,
-    use_breakable_decode_graphs,
-)
 from scout_sglang.sglang_adapter.kv_pool import (
     LAYOUT_ATTRIBUTE,
     check_engine_memory,
@@ -212,12 +207,14 @@ class ScoutAttnBackend:
         self.last_telemetry = None
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}
-        self._graph_rows: int | None = None  # rows of the planned decode step (a graph's batch is padded)
+        self._graph_step = False  # the planned step is a captured graph's: its host commits it later, unread
+        self._collected = float("-inf")  # time.monotonic() of the last read of a graph's telemetry
+        self._last_rids: list[int] = []
         self._extend_plan: list[tuple[int, int, int]] = []
         self.predictor = None
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
-                                            self._on_prediction, on_graph=self.on_graph)
+                                            self._on_prediction)
         logger.info("%s", memory_report.startup_message(self.engine, self.layout, logical_tokens, context,
                                                         memory_report.sglang_pool_bytes(pool, self.layout), max_requests))
         self.metrics = ScoutMetrics.create(model_runner.server_args, self.place.tp_rank)
@@ -226,6 +223,7 @@ class ScoutAttnBackend:
     # -- AttentionBackend interface -------------------------------------------
     @stops_the_server("planning a forward")
     def init_forward_metadata(self, forward_batch):
+        self._finish_graph_step()
         if self.inner is not None:
             self.inner.init_forward_metadata(forward_batch)
         decoding = forward_batch.forward_mode.is_decode() and forward_batch.batch_size > 0
@@ -237,31 +235,31 @@ class ScoutAttnBackend:
             self.predictor.active = decoding
             self.predictor.positions = forward_batch.positions if decoding else None
 
-    # -- decode CUDA graphs (SGLang's graph runner protocol; graph_breaks.py) ------------------
+    # -- decode CUDA graphs (SGLang's graph runner protocol, its default full graph) ------------------
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
-        """Called once before capture. The engine's buffers are already preallocated at max_requests rows;
-        the graph runner is asked for breakable graphs (the CPU hand-off runs between captured segments)."""
+        """Called once before capture. The engine's buffers are preallocated at max_requests rows, the step's
+        plan lives in one static buffer, and every per-layer call is kernels only: SGLang's full decode graph
+        captures the whole step (the CPU part is handed off by kernels that ring and wait on page-locked words)."""
         if max_bs > self.engine.max_requests:
             raise RuntimeError(f"decode graphs captured up to batch {max_bs}, beyond the engine's "
                                f"{self.engine.max_requests} request slots")
-        if str(self.device).startswith("cuda"):
-            use_breakable_decode_graphs()
+        self.engine.fixed_widths = True  # a replay reads the plan at the addresses and widths of its capture
 
     @stops_the_server("planning a decode graph's replay")
     def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
-        """Host-side planning of a graph step: at capture the batch is a dummy (nothing to plan); on replay
-        `forward_batch` is SGLang's replay view, padded to the captured size: the step is planned for its
-        first `batch_size - num_padding` rows, which the breaks then compute."""
-        self._graph_rows = None
-        if in_capture or not forward_batch.forward_mode.is_decode():
+        """Host-side planning of a graph step, into the engine's static plan buffer: at capture a step of padding
+        rows only (SGLang captures with a dummy batch); on replay `forward_batch` is SGLang's replay view, padded
+        to the captured size, and its first `batch_size - num_padding` rows are the step's requests."""
+        self._finish_graph_step()
+        if not forward_batch.forward_mode.is_decode():
             return
-        rows = forward_batch.batch_size - (getattr(forward_batch, "num_padding", 0) or 0)
-        self._graph_rows = rows
-        if rows > 0:
-            self._begin_step(forward_batch, rows=rows)
+        padded = forward_batch.batch_size
+        rows = 0 if in_capture else padded - (getattr(forward_batch, "num_padding", 0) or 0)
+        self._begin_step(forward_batch, rows=rows, padded=padded)
+        self._graph_step = True
         if self.predictor is not None:
-            self.predictor.active = rows > 0
-            self.predictor.positions = forward_batch.positions[:rows] if rows > 0 else None
+            self.predictor.active = True
+            self.predictor.positions = forward_batch.positions  # the graph's static buffer: every row
 
     def init_forward_metadata_in_graph(self, forward_batch):
         """Nothing: a step's metadata is the engine's plan, built out of the graph (an inner stock backend
@@ -307,44 +305,48 @@ class ScoutAttnBackend:
         if save_kv_cache and k is not None and self.layout == "stock":
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         self._check_scale(layer)
-        out = q.new_empty(q.shape[0], self.shape.num_qo_heads * self.shape.head_dim)
-        if self.on_graph():  # captured: the engine runs between segments, on the replayed step's rows
-            attend_between_segments(self, layer.layer_id, q, k, v, out)
-        else:
-            self.decode_into(layer.layer_id, q, k, v, out)
-        return out
+        return self.decode_into(layer.layer_id, q, k, v)
 
-    def decode_into(self, layer_id: int, q, k, v, out) -> None:
-        """One layer of the planned step: the engine's attention of the first `rows` rows into out
-        [B, Hq * D] (rows past them, a graph's padding, get zeros); the last layer ends the step."""
-        rows = self._graph_rows
-        if not rows or self.engine.plan is None:  # a graph capture or warm-up (a dummy batch): nothing planned
-            out.zero_()
-            return
-        heads, kv_heads, head_dim = self.shape.num_qo_heads, self.shape.num_kv_heads, self.shape.head_dim
-        q = q[:rows].reshape(rows, heads, head_dim)
-        predicted = self._predicted.pop(layer_id, None)
-        if predicted is not None:
+    def decode_into(self, layer_id: int, q, k, v):
+        """One layer of the planned step over every row of q [rows, Hq * D] (a captured graph's padding rows
+        included: they attend nothing) -> out [rows, Hq * D]; an eager step's last layer ends it."""
+        rows, heads, kv_heads, head_dim = q.shape[0], self.shape.num_qo_heads, self.shape.num_kv_heads, self.shape.head_dim
+        out = q.new_empty(rows, heads * head_dim)
+        if self.engine.plan is None:  # no decode step planned (another backend's batch)
+            return out.zero_()
+        q = q.reshape(rows, heads, head_dim)
+        predicted = None if self._graph_step else self._predicted.pop(layer_id, None)
+        if predicted is not None:  # eager steps only: a graph's host reads nothing back
             self.stats.add_cosines(torch.nn.functional.cosine_similarity(predicted.float().flatten(1),
                                                                          q.float().flatten(1), dim=-1))
-        o = self.engine.attend(layer_id, q, k[:rows].reshape(rows, kv_heads, head_dim),
-                               v[:rows].reshape(rows, kv_heads, head_dim))
-        out[:rows] = o.reshape(rows, heads * head_dim)
-        if out.shape[0] > rows:
-            out[rows:] = 0
-        if layer_id == self.shape.num_layers - 1:
-            self._graph_rows = None
-            self.last_telemetry = self.engine.end_step()
-            self.stats.add_step(self.last_telemetry)
-            now = time.monotonic()
-            if self.metrics is not None and now - self._metrics_updated >= METRICS_INTERVAL_S:
-                self._metrics_updated = now  # a report reads the device once and walks the pools: not every step
-                self.metrics.update(self.report())
+        self.engine.attend(layer_id, q, k.reshape(rows, kv_heads, head_dim), v.reshape(rows, kv_heads, head_dim),
+                           out=out.view(rows, heads, head_dim))
+        if layer_id == self.shape.num_layers - 1 and not self._graph_step:
+            self._add_telemetry(self.engine.end_step())
+        return out
 
-    def on_graph(self) -> bool:
-        """True while SGLang captures, warms up or replays a breakable decode graph (never on a CPU server;
-        the CPU tests emulate it)."""
-        return graph_break_active()
+    def _add_telemetry(self, telemetry) -> None:
+        """A step's (after graph steps: several steps') telemetry into the statistics and the metrics."""
+        if telemetry is None:
+            return
+        self.last_telemetry = telemetry
+        self.stats.add_step(telemetry)
+        now = time.monotonic()
+        if self.metrics is not None and now - self._metrics_updated >= METRICS_INTERVAL_S:
+            self._metrics_updated = now  # a report reads the device once and walks the pools: not every step
+            self.metrics.update(self.report())
+
+    def _finish_graph_step(self, *, collect: bool = False) -> None:
+        """Commit a replayed graph's step, which its host never waits for (it launched the graph and moved on):
+        the requests' token counts now; its counters stay on the device, read at most every METRICS_INTERVAL_S
+        (one device read then), or now when `collect`."""
+        if self._graph_step and self.engine.plan is not None:
+            self.engine.end_step(read=False)
+        self._graph_step = False
+        now = time.monotonic()
+        if self.engine.plan is None and (collect or now - self._collected >= METRICS_INTERVAL_S):
+            self._collected = now
+            self._add_telemetry(self.engine.collect_telemetry(self._last_rids))
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
@@ -359,16 +361,17 @@ class ScoutAttnBackend:
 
     # -- layer-ahead ---------------------------------------------------------------
     def _on_prediction(self, layer: int, q_pred: torch.Tensor) -> None:
-        rows = self._graph_rows or 0
-        if rows == 0 or self.engine.plan is None:  # no decode step planned (a graph warm-up, another backend's batch)
+        if self.engine.plan is None:  # no decode step planned (another backend's batch)
             return
-        q_pred = q_pred[:rows]
-        self._predicted[layer] = q_pred
+        if not self._graph_step:
+            self._predicted[layer] = q_pred
         self.engine.predict(layer, q_pred)
 
     # -- requests and statistics ----------------------------------------------------
     def report(self) -> dict:
         """Co-attention statistics since start-up, the current page usage and the memory in bytes and tokens."""
+        if self._graph_step or (self.engine.telemetry is not None and self.engine.plan is None):
+            self._finish_graph_step(collect=True)  # between forwards: a launched graph's step may be committed
         report = self.stats.report(self.engine.usage())
         report["tp_rank"], report["tp_size"] = self.place.tp_rank, self.place.tp_size
         report["request_failures"] = dict(self.failures.counts)
@@ -391,11 +394,11 @@ class ScoutAttnBackend:
         if self.metrics is not None:
             self.metrics.update(self.report())
 
-    def _begin_step(self, forward_batch, rows: int | None = None) -> None:
-        """Plan a decode step from the batch's host-side copies (no device read on a GPU)."""
+    def _begin_step(self, forward_batch, rows: int | None = None, padded: int | None = None) -> None:
+        """Plan a decode step of the batch's first `rows` requests, run over `padded` rows (a captured graph's
+        batch size), from the batch's host-side copies (no device read on a GPU)."""
         self._predicted.clear()
         rows = forward_batch.batch_size if rows is None else rows
-        self._graph_rows = rows
         rids = _host_list(forward_batch, "req_pool_indices")[:rows]
         seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
         request_ids = (getattr(forward_batch, "rids", None) or [None] * rows)[:rows]
@@ -425,7 +428,8 @@ class ScoutAttnBackend:
         if self.host_store is not None:
             for rid, block, page in completed_block_pages(self.req_to_token_pool.req_to_token, self.engine, rids):
                 self.engine.assign_host_pages(rid, block, [page])
-        self.engine.begin_step(rids)
+        self.engine.begin_step(rids, rows=max(rows, padded or 0))
+        self._last_rids = rids
 
     def _give_up(self, slot: int, request_id: str | None, stage: str, message: str) -> None:
         """The request in `slot` cannot go on (request_failures.py): free its engine state, put an empty

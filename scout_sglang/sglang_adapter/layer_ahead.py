@@ -49,12 +49,11 @@ class QueryPredictor:
     the hooks do nothing while `active` is False (prefill, idle).
     """
 
-    def __init__(self, model, head_dim: int, wants, on_prediction, on_graph=lambda: False):
+    def __init__(self, model, head_dim: int, wants, on_prediction):
         self.layers = decoder_layers(model)
         self.head_dim = head_dim
         self.wants = wants
         self.on_prediction = on_prediction
-        self.on_graph = on_graph  # True while a decode graph is captured or replayed: predict between segments
         self.active = False
         self.positions: torch.Tensor | None = None
         self._handles = [layer.self_attn.qkv_proj.register_forward_pre_hook(self._hook(index))
@@ -67,13 +66,7 @@ class QueryPredictor:
 
     def _hook(self, index: int):
         def hook(module, args):
-            if not self.wants(index + 1):
-                return
-            if self.on_graph():
-                from scout_sglang.sglang_adapter.graph_breaks import predict_between_segments
-
-                predict_between_segments(self, index + 1, args[0])
-            else:
+            if self.wants(index + 1):  # inside a captured decode graph too: its ops and the engine's are kernels
                 self.predict_and_deliver(index + 1, args[0])
 
         return hook

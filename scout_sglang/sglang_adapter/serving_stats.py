@@ -35,8 +35,8 @@ class ServingStats:
     cpu_fallbacks: dict = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))  # cause -> layers
 
     def add_step(self, telemetry) -> None:
-        self.decode_steps += 1
-        self.decoded_tokens += telemetry.batch_size
+        self.decode_steps += telemetry.steps
+        self.decoded_tokens += telemetry.decoded_tokens
         self.max_batch_size = max(self.max_batch_size, telemetry.batch_size)
         for stats in telemetry.layers.values():
             for name in COUNTERS:

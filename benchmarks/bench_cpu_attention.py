@@ -118,7 +118,43 @@ def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch
     return tables
 
 
-def attention_gbs(pool: CpuAttentionPool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
+class EmbeddedPool:
+    """The engine's hand-off, measured as the engine uses it: the native worker pool (C++ threads, no Python)
+    driven by its control words. Each block list is a layer's part, registered once with the pool (its staging
+    is the list itself); a submit rings the layer's doorbell, a wait waits for its DONE word."""
+
+    def __init__(self, threads: int):
+        from scout_sglang.cpu_worker.native_pool import NativeWorkerPool
+
+        self.pool, self._parts, self._seq = NativeWorkerPool(threads=threads), {}, 0
+
+    def submit(self, q, k_cache, v_cache, table, counts, *, scale, out_o, out_lse):
+        from scout_sglang.cpu_worker.flag_worker import LayerPart
+        from scout_sglang.handoff_words import DOORBELL, ROWS, WORDS_PER_LAYER
+
+        key = id(table)
+        if key not in self._parts:
+            words = torch.zeros(WORDS_PER_LAYER, dtype=torch.int32)
+            self._parts[key] = (len(self._parts), words)
+            self.pool.register_layer(len(self._parts) - 1, LayerPart(q, table, counts, out_o, out_lse, k_cache,
+                                                                     v_cache, words, scale))
+        index, words = self._parts[key]
+        self._seq += 1
+        words[ROWS], words[DOORBELL] = q.shape[0], self._seq
+        self.pool.kick()
+        return index, self._seq
+
+    def wait(self, handle, timeout=None):
+        from scout_sglang.handoff_words import STATUS_OK
+
+        if self.pool.wait_done(*handle, timeout_s=60.0) != STATUS_OK:
+            raise RuntimeError("an embedded part failed or timed out")
+
+    def shutdown(self):
+        self.pool.shutdown()
+
+
+def attention_gbs(pool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
     """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order)."""
     d = SHAPE
     bytes_per_batch = int(tables[0][1].sum()) * BLOCK_BYTES  # the tables of one run list as many blocks
@@ -177,19 +213,20 @@ def run(quick: bool) -> dict:
     out_lse = torch.empty(q.shape[:2], dtype=torch.float32)
     bw_buf = torch.ones((1 if quick else 2) << 28, dtype=torch.float32)  # 1 / 2 GiB
 
-    configs = {"torch": lambda n: dict(num_groups=n, threads_per_group=1, impl="torch")}
+    configs = {"torch": lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="torch")}
     if native_ok:
-        configs["native"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
-        configs["native_one_group"] = lambda n: dict(num_groups=1, threads_per_group=n, impl="native")
-        configs["native_hot"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
+        configs["native"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+        configs["native_one_group"] = lambda n: CpuAttentionPool(num_groups=1, threads_per_group=n, impl="native")
+        configs["native_hot"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+        configs["embedded"] = EmbeddedPool  # the engine's hand-off: descriptor, native pool, outputs
         if small_pages is not None and pages["kind"] == "thp":
-            configs["native_4k_pages"] = lambda n: dict(num_groups=n, threads_per_group=1, impl="native")
+            configs["native_4k_pages"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
     caches = {name: (k_cache, v_cache) for name in configs}
     if "native_4k_pages" in configs:
         caches["native_4k_pages"] = small_pages[:2]
     caches["native_hot"] = (hot_k, hot_v)
     tables_of = {name: hot_tables if name == "native_hot" else tables for name in configs}
-    pools = {(name, n): CpuAttentionPool(**make(n)) for name, make in configs.items() for n in thread_counts}
+    pools = {(name, n): make(n) for name, make in configs.items() for n in thread_counts}
     readers = {n: ThreadPoolExecutor(max_workers=n) for n in thread_counts} if native_ok else {}
     best: dict = {}
     paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
@@ -245,6 +282,10 @@ def run(quick: bool) -> dict:
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
         # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
         native_hot_gbs_per_threads=series("native_hot"),
+        # The engine's hand-off (doorbell words, native pool, outputs): the standalone kernel's rate, embedded.
+        embedded_gbs_per_threads=series("embedded"),
+        embedded_frac_of_native_per_threads=[round(a / b, 3) if a and b else None
+                                             for a, b in zip(series("embedded"), native)],
         native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None
                                            for a, b in zip(series("native_hot"), read_bw)],
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],

@@ -36,10 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -109,54 +107,23 @@ def measure_memory() -> dict:
     return out
 
 
-class LayerTimedPool:
-    """The engine's CPU pool, recording for each submit its layer and the wall time until its result was
-    ready: the CPU part's own duration, which a GPU, whose device part is much shorter, would wait for.
-    A watcher thread waits on every handle in submit order (the pool serves one FIFO queue)."""
+class LayerBusy:
+    """The busy time of an engine's CPU parts per layer, as the shared worker counts it (seconds its threads
+    spent attending the layer's parts): the CPU part's own work, which a GPU, whose device part is much
+    shorter, would wait for."""
 
-    def __init__(self, pool):
-        self.pool, self.num_groups = pool, pool.num_groups
-        self._pending: queue.SimpleQueue = queue.SimpleQueue()
-        self._spans: list[tuple[int, float]] = []
-        self._submitted = self._finished = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="bench-layer-watch", daemon=True)
-        self._thread.start()
+    def __init__(self, worker, engine):
+        self.worker = worker
+        ids = engine.handoff.worker_id if engine.handoff is not None else {}
+        self._ids = dict(ids)
+        self._marks = {layer: worker.layer_busy_s(i) for layer, i in self._ids.items()}
 
-    def submit(self, *args, layer: int = 0, **kwargs):
-        start = time.perf_counter()
-        handle = self.pool.submit(*args, layer=layer, **kwargs)
-        self._submitted += 1
-        self._pending.put((handle, layer, start))
-        return handle
-
-    def wait(self, handle, timeout=None):
-        self.pool.wait(handle, timeout)
-
-    def _watch(self):
-        while (item := self._pending.get()) is not None:
-            handle, layer, start = item
-            try:
-                self.pool.wait(handle)
-            except Exception:  # noqa: BLE001 - the engine's own wait reports failures
-                pass
-            with self._lock:
-                self._spans.append((layer, time.perf_counter() - start))
-                self._finished += 1
-
-    def take_spans(self) -> list[tuple[int, float]]:
-        """(layer, seconds) of every submit since the last call, once all of them have finished."""
-        while True:
-            with self._lock:
-                if self._finished >= self._submitted:
-                    spans, self._spans = self._spans, []
-                    return spans
-            time.sleep(1e-4)
-
-    def shutdown(self):
-        self._pending.put(None)
-        self._thread.join()
-        self.pool.shutdown()
+    def take(self) -> dict[int, float]:
+        """Seconds per layer since the last call."""
+        now = {layer: self.worker.layer_busy_s(i) for layer, i in self._ids.items()}
+        delta = {layer: now[layer] - self._marks[layer] for layer in now}
+        self._marks = now
+        return delta
 
 
 def measure_cpu_part(args) -> dict:
@@ -165,11 +132,14 @@ def measure_cpu_part(args) -> dict:
 
     from scout_sglang.core.engine import CoAttentionEngine
     from scout_sglang.core.shape import ModelShape
-    from scout_sglang.cpu_worker import CpuAttentionPool
+    from scout_sglang.cpu_worker import native_pool
+    from scout_sglang.cpu_worker.flag_worker import FlagWorker
 
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(max(1, cores // 2))  # the CPU plays the device: half the cores for its torch ops
-    pool = LayerTimedPool(CpuAttentionPool(max(1, cores - torch.get_num_threads()), 1))
+    threads = max(1, cores - torch.get_num_threads())
+    worker = (native_pool.NativeWorkerPool(threads=threads) if native_pool.available()
+              else FlagWorker(threads=threads, impl="torch"))
     layer_compute = LayerCompute(args.layer_compute_ms, "sleep", torch.device("cpu"))
     shape = ModelShape(num_layers=args.layers, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
     steps = args.warmup + args.steps
@@ -182,22 +152,22 @@ def measure_cpu_part(args) -> dict:
             engines = {}
             for label, dense in SETTINGS.items():
                 engine = CoAttentionEngine(preset(dense), shape, dtype=torch.bfloat16, max_requests=batch,
-                                           max_tokens_per_request=args.context + steps + 32, cpu_pool=pool,
+                                           max_tokens_per_request=args.context + steps + 32, cpu_worker=worker,
                                            track_changes=False)
                 for b in range(batch):
                     engine.add_request(b)
                     for layer in range(args.layers):
                         engine.prefill(b, layer, prompts.k[b, layer], prompts.v[b, layer])
-                engines[label] = (engine, [])
+                engines[label] = (engine, [], LayerBusy(worker, engine))
             for s in range(steps):
-                for label, (engine, samples) in engines.items():
+                for label, (engine, samples, busy) in engines.items():
                     sample = decode_step(engine, inputs, s, args.layers, layer_compute)
-                    spans = pool.take_spans()
-                    sample["layer0_cpu_part_ms"] = 1e3 * sum(t for layer, t in spans if layer == 0)
-                    sample["other_cpu_part_ms"] = 1e3 * sum(t for layer, t in spans if layer)
+                    spans = busy.take()
+                    sample["layer0_cpu_part_ms"] = 1e3 * spans.get(0, 0.0)
+                    sample["other_cpu_part_ms"] = 1e3 * sum(t for layer, t in spans.items() if layer)
                     if s >= args.warmup:
                         samples.append(sample)
-            for label, (engine, samples) in engines.items():
+            for label, (engine, samples, _) in engines.items():
                 engine.close()
                 row = {"setting": label, "context": args.context, "batch_size": batch, "layers": args.layers,
                        "steps": len(samples)}
@@ -209,8 +179,8 @@ def measure_cpu_part(args) -> dict:
                     "other layers' CPU wait "
                     f"{row['other_cpu_wait_ms']:.2f} ms, step {row['step_ms']:.1f} ms")
     finally:
-        pool.shutdown()
-    return {"rows": rows, "torch_threads": torch.get_num_threads(), "cpu_groups": pool.num_groups,
+        worker.shutdown()
+    return {"rows": rows, "torch_threads": torch.get_num_threads(), "cpu_groups": threads,
             "layer_compute_ms": args.layer_compute_ms, "warmup": args.warmup, "steps": args.steps}
 
 

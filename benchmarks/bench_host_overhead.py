@@ -119,8 +119,7 @@ def gpu_path_counts(mode, batch, num_kv_heads, variant) -> dict:
             decode_step(engine, shape, batch, gen)  # first fills; the layers' launches are recorded once
             decode_step(engine, shape, batch, gen, per_layer=lambda layer: counters.setdefault(layer, LaunchCounter(
                 run=on_cuda)))
-        with LaunchCounter(run=on_cuda):
-            decode_step(engine, shape, batch, gen, counter=lines)
+        decode_step(engine, shape, batch, gen, counter=lines)  # (kernels not run off CUDA: see PythonLineCounter)
     finally:
         engine.close()
     dense = [c.launches() for layer, c in counters.items() if layer in engine.full_layers and layer not in

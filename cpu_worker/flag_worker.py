@@ -120,6 +120,7 @@ class FlagWorker:
         self._kicked = time.monotonic()
         self.replaced_threads = 0
         self.busy_s = 0.0  # seconds the threads spent attending, summed over threads
+        self._layer_busy: dict[int, float] = {}
         self.errors: dict[int, str] = {}  # layer index -> the last error message
         self.threads = [self._start_thread(i) for i in range(threads)]
 
@@ -127,6 +128,10 @@ class FlagWorker:
         thread = threading.Thread(target=self._loop, args=(number,), name=f"scout-cpu-part-{number}", daemon=True)
         thread.start()
         return thread
+
+    def layer_busy_s(self, index: int) -> float:
+        """Seconds the threads spent attending the parts of registered layer `index`."""
+        return self._layer_busy.get(index, 0.0)
 
     def thread_ids(self) -> list[int]:
         """The OS ids of the live threads (for /proc accounting)."""
@@ -262,6 +267,7 @@ class FlagWorker:
             busy = 0.0
         with self._lock:
             self.busy_s += busy
+            self._layer_busy[job.index] = self._layer_busy.get(job.index, 0.0) + busy
             job.workers.discard(row)
             if error is not None and job.error_row < 0:
                 job.error_row, job.error = row, error

@@ -62,6 +62,10 @@ class NativeWorkerPool:
         """Seconds the threads spent attending since start-up, summed over threads."""
         return self._pool.busy_ns() / 1e9
 
+    def layer_busy_s(self, index: int) -> float:
+        """Seconds the threads spent attending the parts of registered layer `index`."""
+        return self._pool.layer_busy_ns(index) / 1e9
+
     def thread_ids(self) -> list[int]:
         """The OS ids of the threads (for /proc accounting)."""
         return [tid for tid in self._pool.thread_ids() if tid]

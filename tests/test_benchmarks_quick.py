@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = sorted(path.name for path in (ROOT / "benchmarks").glob("*.py") if '"--quick"' in path.read_text())
+QUICK = sorted(path.name for path in (ROOT / "benchmarks").glob("*.py") if 'add_argument("--quick"' in path.read_text())
 
 
 def test_the_benchmarks_with_a_quick_mode_are_the_expected_ones():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .common import BLOCK_SIZE, BREAKDOWN, ENGINE_TIMERS, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, synchronize
+from .common import BLOCK_SIZE, BREAKDOWN, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, synchronize
 
 
 class EngineRun:

@@ -189,6 +189,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("replaced_threads", &WorkerPool::replaced_threads)
       .def("num_threads", &WorkerPool::num_threads)
       .def("busy_ns", &WorkerPool::busy_ns)
+      .def("layer_busy_ns", &WorkerPool::layer_busy_ns)
       .def("thread_ids", &WorkerPool::thread_ids)
       .def("last_error", &WorkerPool::last_error)
       .def("thread_cpus", &WorkerPool::thread_cpus);

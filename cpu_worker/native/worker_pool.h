@@ -55,6 +55,7 @@ struct LayerPart {
   int32_t* word = nullptr;
   int64_t num_qo_heads = 0, num_kv_heads = 0, capacity = 0, num_pages = 0;
   Dims dims{};
+  std::shared_ptr<std::atomic<int64_t>> busy_ns = std::make_shared<std::atomic<int64_t>>(0);  // attending it
 };
 
 struct Job {
@@ -140,11 +141,18 @@ class WorkerPool {
       std::lock_guard<std::mutex> lock(mu_);
       word = parts_.at(index).word;
     }
-    const auto deadline = Clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration<double>(std::max(0.0, timeout_s));
     int64_t spins = 0;
     while (__atomic_load_n(word + kDoneWord, __ATOMIC_ACQUIRE) != static_cast<int32_t>(seq)) {
-      if ((++spins & 255) == 0 && Clock::now() >= deadline) return -1;
-      _mm_pause();
+      if ((++spins & 255) != 0) {
+        _mm_pause();
+        continue;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) return -1;
+      // After a short spin, sleep in small steps: on the CPU device this thread's core is the workers' too.
+      if (now - start > std::chrono::microseconds(20)) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     return __atomic_load_n(word + kStatusWord, __ATOMIC_ACQUIRE);
   }
@@ -174,8 +182,14 @@ class WorkerPool {
 
   int64_t num_threads() const { return static_cast<int64_t>(threads_.size()); }
 
-  // Nanoseconds the threads spent attending items since start-up (summed over threads): the worker's busy time.
+  // Nanoseconds the threads spent attending items since start-up (summed over threads): the worker's busy time;
+  // with a layer index, that layer's parts only.
   int64_t busy_ns() const { return busy_ns_.load(); }
+  int64_t layer_busy_ns(int64_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = parts_.find(index);
+    return it == parts_.end() ? 0 : it->second.busy_ns->load();
+  }
 
   // The OS thread ids of the threads (0 until a thread has started), for /proc accounting.
   std::vector<int64_t> thread_ids() const {
@@ -350,7 +364,9 @@ class WorkerPool {
     if (!job.failed_by_plan && !job.stale) {
       const auto began = Clock::now();
       error = attend_item(part, row, head);
-      busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - began).count());
+      const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - began).count();
+      busy_ns_.fetch_add(spent);
+      part.busy_ns->fetch_add(spent);
     }
     std::lock_guard<std::mutex> lock(mu_);
     --job.in_flight;

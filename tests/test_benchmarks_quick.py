@@ -30,3 +30,14 @@ def test_the_quick_run_finishes_and_reports_json(script, tmp_path):
     assert isinstance(json.loads(last), dict)
     after = {path: path.stat().st_mtime for path in results.rglob("*") if path.is_file()}
     assert after == before, f"{script} --quick wrote result files"
+
+
+def test_the_gpu_bench_runs_every_part_in_its_dry_run(tmp_path):
+    """`make bench-gpu` runs where nothing can be fixed between calls: its dry run (tiny shapes, this device)
+    goes through every part, and a part that fails would show as false."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    done = subprocess.run([sys.executable, "-P", str(ROOT / "benchmarks" / "bench_gpu.py"), "--dry-run"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = json.loads(done.stdout.strip().splitlines()[-1])["parts"]
+    assert set(parts) == {"tests", "kernels", "host", "capture", "decode", "memory"} and all(parts.values()), parts

@@ -144,6 +144,27 @@ def test_a_gpu_prices_launches_and_a_cpu_device_every_dispatched_op(tmp_path):
     assert on_cpu.resource_ms["host"] == pytest.approx(2 * 300 * 10e-3 + 0.5) and on_cpu.bound == "host"
 
 
+def test_a_gpu_prices_the_triton_paths_layers_apart_or_nothing_when_the_graph_replays_the_step(tmp_path):
+    """Launched layer by layer, a GPU pays the Triton path's launches of each layer's kind (layer 0 dense, layer
+    1 offloaded); with SGLang's decode graph replaying the whole step, only the plan before it stays on the host
+    (and syncs and the plugin's launches, inside the graph too, cost nothing)."""
+    path = _counts_file(tmp_path, ops_per_layer=300.0, launches_per_layer=200.0, plan_host_ms=0.5,
+                        scalar_reads_per_layer=3.0, gpu_launches_per_offloaded_layer=13.0,
+                        gpu_launches_per_dense_layer=3.0)
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.0)
+    gpu = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=1000.0, sync_us=0.0,
+                   model_launches_per_layer=0.0, adapter_launches_per_layer=5.0)
+    eager = step_time("scout", CONFIG, SPEC, gpu, work, host_overhead_path=path)
+    assert eager.step_ms == pytest.approx((3 + 5) + (13 + 5) + HEAD / 1e6 + 0.5)  # 1 ms per launch
+    captured = step_time("scout", CONFIG, SPEC, dataclasses.replace(gpu, cuda_graphs_for_engine=True, sync_us=50.0),
+                         work, host_overhead_path=path)
+    device_only = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path=path)
+    assert captured.step_ms == pytest.approx(device_only.step_ms)  # the bytes and the plan: no launch, no sync
+    assert captured.step_ms == pytest.approx(captured.step_ms_without_host) and "CUDA graph" in captured.host_counts_source
+    cpu = dataclasses.replace(gpu, cuda_graphs_for_engine=True, host_is_device=True)  # a CPU device: no graphs
+    assert step_time("scout", CONFIG, SPEC, cpu, work, host_overhead_path=path).step_ms > 2 * 300
+
+
 def test_the_framework_step_cost_and_the_stock_loop_grow_with_the_batch():
     """A CPU server: the serving framework's host work a step (fixed + per request) and the stock backend's
     per-request attention loop (ops and host reads) without graphs."""

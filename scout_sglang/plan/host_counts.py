@@ -2,7 +2,9 @@
 
 Read at run time from benchmarks/results/host_overhead.json (written by
 benchmarks/bench_host_overhead.py, which counts the aten ops the engine
-dispatches per layer): the engine changes, and so do these counts. Rows are
+dispatches per layer on its torch path, what a CPU device runs, and the Triton
+launches plus non-view aten ops per offloaded and per dense layer on its Triton
+path, what a GPU runs): the engine changes, and so do these counts. Rows are
 taken at the measured number of KV heads nearest the model's, interpolated
 linearly in the batch and extended past the largest measured batch along the
 last segment.
@@ -39,6 +41,9 @@ class HostCounts:
     plan_ms_per_step : float
         Host ms of the engine's once-a-step work (begin_step's plan and end_step's bookkeeping and host copies of
         completed blocks), measured on the host that wrote the file; 0 where the file has no such column.
+    gpu_launches_per_offloaded_layer, gpu_launches_per_dense_layer : float
+        What a GPU executes per layer on the engine's Triton path: Triton launches plus aten ops that are not
+        views, in an offloaded layer and in a dense one; `launches_per_layer` where the file has no such column.
     """
 
     ops_per_layer: float
@@ -47,6 +52,12 @@ class HostCounts:
     source: str
     launches_per_layer: float = 0.0
     plan_ms_per_step: float = 0.0
+    gpu_launches_per_offloaded_layer: float = 0.0
+    gpu_launches_per_dense_layer: float = 0.0
+
+    def gpu_launches(self, *, dense: bool) -> float:
+        """A GPU's launches in one layer of the engine (dense or offloaded)."""
+        return self.gpu_launches_per_dense_layer if dense else self.gpu_launches_per_offloaded_layer
 
 
 def _interpolate(points: list[tuple[int, float]], batch: float) -> float:
@@ -79,7 +90,9 @@ def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = No
     if not steady:
         return HostCounts(FALLBACK["ops_per_layer"], FALLBACK["scalar_reads_per_layer"], "assumed",
                           f"no {mode} rows in {where}; counts of the scout engine at batch 8, 8 KV heads",
-                          launches_per_layer=FALLBACK["ops_per_layer"])
+                          launches_per_layer=FALLBACK["ops_per_layer"],
+                          gpu_launches_per_offloaded_layer=FALLBACK["ops_per_layer"],
+                          gpu_launches_per_dense_layer=FALLBACK["ops_per_layer"])
     counts = _at(steady, batch, num_kv_heads)
     source = (f"{Path(where).name}: {mode}, {counts['heads']} KV heads, batches {counts['batches']}, interpolated "
               f"to {batch}")
@@ -91,17 +104,27 @@ def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = No
             counts[key] += recall_share * (recall[key] - base[key])
         source += f"; recall steps ({recall_share:.2f} of the steps) from its recall rows"
     return HostCounts(counts["ops_per_layer"], counts["scalar_reads_per_layer"], "measured", source,
-                      launches_per_layer=counts["launches_per_layer"], plan_ms_per_step=counts["plan_host_ms"])
+                      launches_per_layer=counts["launches_per_layer"], plan_ms_per_step=counts["plan_host_ms"],
+                      gpu_launches_per_offloaded_layer=counts["gpu_launches_per_offloaded_layer"],
+                      gpu_launches_per_dense_layer=counts["gpu_launches_per_dense_layer"])
 
 
-FIELDS = ("ops_per_layer", "scalar_reads_per_layer", "launches_per_layer", "plan_host_ms")
+FIELDS = ("ops_per_layer", "scalar_reads_per_layer", "launches_per_layer", "plan_host_ms",
+          "gpu_launches_per_offloaded_layer", "gpu_launches_per_dense_layer")
 
 
 def _at(rows: list[dict], batch: int, num_kv_heads: int) -> dict:
     """Every field of FIELDS at `batch`, from the rows at the measured KV heads nearest `num_kv_heads`."""
     heads = min({r["num_kv_heads"] for r in rows}, key=lambda h: (abs(h - num_kv_heads), -h))
     rows = [r for r in rows if r["num_kv_heads"] == heads]
-    defaults = {"launches_per_layer": lambda r: r["ops_per_layer"], "plan_host_ms": lambda r: 0.0}
-    out = {key: _interpolate([(r["batch"], r[key] if key in r else defaults[key](r)) for r in rows], batch)
+    defaults = {"launches_per_layer": lambda r: r["ops_per_layer"], "plan_host_ms": lambda r: 0.0,
+                "gpu_launches_per_offloaded_layer": _launches, "gpu_launches_per_dense_layer": _launches}
+    out = {key: _interpolate([(r["batch"], r[key] if r.get(key) is not None else defaults[key](r)) for r in rows],
+                             batch)
            for key in FIELDS}
     return {**out, "heads": heads, "batches": sorted(r["batch"] for r in rows)}
+
+
+def _launches(row: dict) -> float:
+    """A row's launches per layer on its torch path (its ops where the file predates the distinction)."""
+    return row.get("launches_per_layer", row["ops_per_layer"])

@@ -142,6 +142,9 @@ def gather_inputs(request: PlanRequest) -> dict[str, Figure]:
         ASSUMED_CHANGE_RATE, "", "assumed", "ScoutAttention: < 15% of selected blocks change per token"))
     figures["model_launches_per_layer"] = Figure(ASSUMED_MODEL_LAUNCHES, "", "assumed",
                                                  "the model's own ops per layer when decode is not graph-captured")
+    figures["engine_cuda_graphs"] = Figure(1.0, "", "assumed", (
+        "1: SGLang's decode CUDA graph captures the plugin's whole step (its default; checked by capture and replay "
+        "on a CPU, not yet timed on a GPU): no launches per layer on the host"))
     counted = "as sglang_adapter/adapter_ops.py counts them on this version (the same at any batch)"
     figures["adapter_launches_per_layer"] = Figure(ADAPTER_WRAPPER_LAUNCHES, "", "assumed",
                                                    f"the plugin's decode wrapper per engine layer, {counted}")
@@ -168,6 +171,7 @@ def hardware(figures: dict[str, Figure]) -> Hardware:
                     cpu_attention_gbs=figures["cpu_attention"].value, bf16_tflops=figures["peak_bf16"].value,
                     launch_us=figures["launch_us"].value, sync_us=figures["sync_us"].value,
                     model_launches_per_layer=figures["model_launches_per_layer"].value,
+                    cuda_graphs_for_engine=bool(figures["engine_cuda_graphs"].value),
                     adapter_launches_per_layer=figures["adapter_launches_per_layer"].value,
                     adapter_launches_per_predicted_layer=figures["adapter_launches_per_predicted_layer"].value)
 

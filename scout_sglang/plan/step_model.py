@@ -80,6 +80,11 @@ class Hardware:
         Launches of the model's own ops per layer (norms, projections, MLP), beside the attention engine's.
     cuda_graphs_for_stock : bool
         Stock SGLang captures decode in CUDA graphs: its per-layer host cost is zero.
+    cuda_graphs_for_engine : bool
+        SGLang's decode CUDA graph captures the plugin's whole step too (engine modes on a GPU): the engine's,
+        the plugin's and the model's launches per layer then cost the host nothing, and what stays on the host
+        is the step's plan before the replay. Without it a GPU pays the engine's Triton-path launches per layer
+        (its offloaded and dense layers apart). Ignored where `host_is_device`.
     host_is_device : bool
         The device is the host's own CPU (a CPU server): launches and device work take turns on one thread
         instead of overlapping, and every dispatched op counts as a launch (views too: each costs that thread
@@ -117,6 +122,7 @@ class Hardware:
     sync_us: float
     model_launches_per_layer: float = 10.0
     cuda_graphs_for_stock: bool = True
+    cuda_graphs_for_engine: bool = False
     host_is_device: bool = False
     step_host_ms: float = 0.0
     step_host_ms_per_request: float = 0.0
@@ -245,8 +251,8 @@ def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workloa
 
 def _adapter_launches(mode: str, config: ScoutConfig, hw: Hardware, layer: int, offloaded) -> float:
     """The plugin's launches around the engine in `layer` (none for the stock backend)."""
-    if mode == STOCK:
-        return 0.0
+    if mode == STOCK or (hw.cuda_graphs_for_engine and not hw.host_is_device):
+        return 0.0  # no plugin, or its launches replay inside the graph
     predicted = mode in RESIDENT_MODES and config.layer_ahead and layer >= 1 and layer in offloaded
     return hw.adapter_launches_per_layer + (hw.adapter_launches_per_predicted_layer if predicted else 0.0)
 
@@ -268,12 +274,17 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         counts_source = "the stock backend's counts in Hardware (no CUDA graphs)"
     else:
         counts = host_counts(mode, batch, heads, host_overhead_path, recall_share=recall_share(mode, config, work))
-        # on a CPU device every dispatched op (views too) costs the thread that computes; on a GPU, launches
-        engine = counts.ops_per_layer if hw.host_is_device else counts.launches_per_layer
-        launches = engine + hw.model_launches_per_layer
         syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
-    t_launch_engine, t_sync = launches * hw.launch_us * 1e-6, syncs * hw.sync_us * 1e-6
+        if hw.host_is_device:  # a CPU device runs the torch path: every dispatched op (views too) costs its thread
+            launches = counts.ops_per_layer + hw.model_launches_per_layer
+        elif hw.cuda_graphs_for_engine:
+            launches, syncs = 0.0, 0.0
+            counts_source = f"the whole step replays in SGLang's decode CUDA graph (plan from {counts_source})"
+        else:  # a GPU runs the Triton path, launched layer by layer
+            launches = None
+            counts_source += " (Triton path, per offloaded and per dense layer)"
+    t_sync = syncs * hw.sync_us * 1e-6
     kv_rate = (0.0 if mode == STOCK else hw.engine_attention_gbs) or hw.device_attention_gbs or hw.hbm_gbs
     step_host = (hw.step_host_ms + hw.step_host_ms_per_request * batch + plan_ms) * 1e-3
     if mode != STOCK:
@@ -284,7 +295,9 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     for layer in range(spec.num_layers):
         # quest keeps every layer on the device but attends its selection outside the dense layers
         dense = layer in config.dense_layers if mode == "quest" else (mode == STOCK or layer not in offloaded)
-        t_launch = t_launch_engine + _adapter_launches(mode, config, hw, layer, offloaded) * hw.launch_us * 1e-6
+        layer_launches = launches if launches is not None else (
+            counts.gpu_launches(dense=dense) + hw.model_launches_per_layer)
+        t_launch = (layer_launches + _adapter_launches(mode, config, hw, layer, offloaded)) * hw.launch_us * 1e-6
         head = _head_traffic(mode, config, spec, work, dense=dense)
         attention_bytes = batch * heads * (head["device_kv"] + head["digests"])
         hbm = layer_weights + attention_bytes

@@ -8,7 +8,10 @@ cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
 show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
 a large buffer, one chunk per thread), native with N groups of 1 thread and 1
 group of N threads, torch path with N groups, and native over 16 pages that stay in the CPU
-caches (its compute ceiling, which no prefetching can pass). Every figure is the best of
+caches (its compute ceiling, which no prefetching can pass); the engine's hand-off ("embedded":
+doorbell words, the native worker pool, outputs) against the standalone kernel at batch 32 with 45% of a
+2048-token budget on the CPU; and four host store layouts read side by side with no compute
+(cpu_attention/layouts.py). Every figure is the best of
 several rounds, taken interleaved (the host is shared and noisy). No asserts. Progress goes to stderr; the last stdout line is one
 JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
 {md,json,png}, keeping the results of other CPU models (and ISA paths) in the
@@ -34,10 +37,16 @@ from scout_sglang.cpu_worker.host_memory import alloc_host_tensor, anon_huge_kib
 from scout_sglang.cpu_worker.native_kernel import load_native
 from scout_sglang.plan.measure import read_bandwidth_gbs
 
+# `python -P` (and running from another directory) leaves the script's own directory off sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_attention.layouts import LAYOUTS, make_store  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 HOT_PAGES = 16  # the cache-resident run: 16 pages of K and V, 2 MiB together
 SHAPE = dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, block_size=32, batch_size=8, blocks_per_head=64)
 BLOCK_BYTES = 2 * SHAPE["block_size"] * SHAPE["head_dim"] * 2  # K and V of one block, bf16
+# The engine's hand-off is measured where the engine runs it: batch 32, 45% of a 2048-token budget on the CPU.
+EMBEDDED_SHAPE = dict(batch_size=32, blocks_per_head=round(0.45 * 2048 / SHAPE["block_size"]))
 FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
 
@@ -101,10 +110,12 @@ def make_cache(num_pages: int, huge_pages: bool = True) -> tuple[torch.Tensor, t
     return caches[0], caches[1], pages
 
 
-def make_tables(num_sets: int, num_pages: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_tables(num_sets: int, num_pages: int, *, batch_size: int | None = None,
+                blocks_per_head: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Random block lists of `blocks_per_head` blocks per batch; distinct pages within each list when the cache
     has enough (a smaller cache is walked in random orders, one after another)."""
-    b, h, n = SHAPE["batch_size"], SHAPE["num_kv_heads"], SHAPE["blocks_per_head"]
+    b, h = batch_size or SHAPE["batch_size"], SHAPE["num_kv_heads"]
+    n = blocks_per_head or SHAPE["blocks_per_head"]
     gen = torch.Generator().manual_seed(1)
     repeats = -(-n // num_pages)
 
@@ -171,15 +182,17 @@ def attention_gbs(pool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
     return bytes_per_batch * len(tables) / (time.perf_counter() - start) / 1e9
 
 
-def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_cache, tables) -> float:
+def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_cache, tables,
+                   block_bytes: int = BLOCK_BYTES) -> float:
     """GB/s of reading the K/V blocks of `tables` as the kernel walks them (same lists, order and prefetch) without
     computing anything: what the memory system gives this access pattern of random blocks. `num_threads` threads
     split each batch by sequence, as N groups of one thread do, and each walks its share of every batch with no
     wait between batches (a wait per batch cost 10-15% at two threads on a 2-core host: time the memory was idle,
-    which a ceiling must not count)."""
+    which a ceiling must not count). The heads walked are the tables' (a layout with K and V adjacent lists 2 x
+    Hkv of them: cpu_attention/layouts.py)."""
     module = load_native().module
-    b, h = SHAPE["batch_size"], SHAPE["num_kv_heads"]
-    group_size = SHAPE["num_qo_heads"] // h
+    b, h = tables[0][1].shape
+    group_size = SHAPE["num_qo_heads"] // SHAPE["num_kv_heads"]
 
     def part(t):
         for table, counts in tables:
@@ -189,7 +202,7 @@ def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_ca
     start = time.perf_counter()
     for future in [executor.submit(part, t) for t in range(num_threads)]:
         future.result()
-    return sum(int(counts.sum()) for _, counts in tables) * BLOCK_BYTES / (time.perf_counter() - start) / 1e9
+    return sum(int(counts.sum()) for _, counts in tables) * block_bytes / (time.perf_counter() - start) / 1e9
 
 
 def run(quick: bool) -> dict:
@@ -211,6 +224,15 @@ def run(quick: bool) -> dict:
     q = torch.randn(SHAPE["batch_size"], SHAPE["num_qo_heads"], SHAPE["head_dim"]).to(torch.bfloat16)
     out_o = torch.empty(q.shape, dtype=torch.float32)
     out_lse = torch.empty(q.shape[:2], dtype=torch.float32)
+    embedded_tables = make_tables(4 if quick else 6, num_pages, **EMBEDDED_SHAPE)
+    q32 = torch.randn(EMBEDDED_SHAPE["batch_size"], SHAPE["num_qo_heads"], SHAPE["head_dim"]).to(torch.bfloat16)
+    inputs32 = (q32, torch.empty(q32.shape, dtype=torch.float32), torch.empty(q32.shape[:2], dtype=torch.float32))
+    layout_bytes = (256 if quick else 1024) << 20
+    stores = [make_store(layout, store_bytes=layout_bytes, num_kv_heads=SHAPE["num_kv_heads"],
+                         head_dim=SHAPE["head_dim"], batch_size=SHAPE["batch_size"],
+                         tokens_per_list=SHAPE["blocks_per_head"] * SHAPE["block_size"], num_sets=4 if quick else 6)
+              for layout in LAYOUTS] if native_ok else []
+    log(f"store layouts, {layout_bytes >> 20} MiB each: {', '.join(store.layout.name for store in stores)}")
     bw_buf = torch.ones((1 if quick else 2) << 28, dtype=torch.float32)  # 1 / 2 GiB
 
     configs = {"torch": lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="torch")}
@@ -218,7 +240,9 @@ def run(quick: bool) -> dict:
         configs["native"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
         configs["native_one_group"] = lambda n: CpuAttentionPool(num_groups=1, threads_per_group=n, impl="native")
         configs["native_hot"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
-        configs["embedded"] = EmbeddedPool  # the engine's hand-off: descriptor, native pool, outputs
+        # The engine's hand-off (descriptor, native pool, outputs) and the standalone kernel on the same lists.
+        configs["native_b32"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+        configs["embedded"] = EmbeddedPool
         if small_pages is not None and pages["kind"] == "thp":
             configs["native_4k_pages"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
     caches = {name: (k_cache, v_cache) for name in configs}
@@ -226,13 +250,16 @@ def run(quick: bool) -> dict:
         caches["native_4k_pages"] = small_pages[:2]
     caches["native_hot"] = (hot_k, hot_v)
     tables_of = {name: hot_tables if name == "native_hot" else tables for name in configs}
+    inputs_of = {name: (q, out_o, out_lse) for name in configs}
+    for name in ("native_b32", "embedded"):
+        tables_of[name], inputs_of[name] = embedded_tables, inputs32
     pools = {(name, n): make(n) for name, make in configs.items() for n in thread_counts}
     readers = {n: ThreadPoolExecutor(max_workers=n) for n in thread_counts} if native_ok else {}
     best: dict = {}
     paired: dict = {}  # (name, n) -> per-round ratio to that round's read bandwidth
     try:
         for (name, n), pool in pools.items():  # warm-up: thread-local scratch, page faults
-            attention_gbs(pool, *caches[name], tables_of[name][:1], q, out_o, out_lse)
+            attention_gbs(pool, *caches[name], tables_of[name][:1], *inputs_of[name])
         for r in range(rounds):
             for n in thread_counts:
                 round_bw = 0.0
@@ -242,8 +269,13 @@ def run(quick: bool) -> dict:
                 if n in readers:
                     gbs = block_read_gbs(readers[n], n, k_cache, v_cache, tables)
                     best[("block_read", n)] = max(best.get(("block_read", n), 0.0), gbs)
+                    for store in stores:
+                        gbs = block_read_gbs(readers[n], n, store.k_view, store.v_view, store.tables,
+                                             store.block_bytes)
+                        key = ("layout_" + store.layout.name, n)
+                        best[key] = max(best.get(key, 0.0), gbs)
                 for name in configs:
-                    gbs = attention_gbs(pools[(name, n)], *caches[name], tables_of[name], q, out_o, out_lse)
+                    gbs = attention_gbs(pools[(name, n)], *caches[name], tables_of[name], *inputs_of[name])
                     best[(name, n)] = max(best.get((name, n), 0.0), gbs)
                     paired.setdefault((name, n), []).append(gbs / round_bw)
             log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]}@{k[1]}={v:.1f}" for k, v in sorted(best.items())))
@@ -282,10 +314,21 @@ def run(quick: bool) -> dict:
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
         # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
         native_hot_gbs_per_threads=series("native_hot"),
-        # The engine's hand-off (doorbell words, native pool, outputs): the standalone kernel's rate, embedded.
+        # The engine's hand-off (doorbell words, native pool, outputs) against the standalone kernel (N groups
+        # of 1 thread) on the same lists: batch 32, 45% of a 2048-token budget per list.
+        embedded_shape=EMBEDDED_SHAPE,
         embedded_gbs_per_threads=series("embedded"),
+        native_b32_gbs_per_threads=series("native_b32"),
         embedded_frac_of_native_per_threads=[round(a / b, 3) if a and b else None
-                                             for a, b in zip(series("embedded"), native)],
+                                             for a, b in zip(series("embedded"), series("native_b32"))],
+        # Host store layouts read with no compute, side by side (cpu_attention/layouts.py), and as a share of
+        # the read bandwidth.
+        layouts={store.layout.name: dict(
+            what=store.layout.what, store_gib=round(store.nbytes / 2**30, 2),
+            gbs_per_threads=series("layout_" + store.layout.name),
+            frac_of_bw_per_threads=[round(a / b, 3) if a else None
+                                    for a, b in zip(series("layout_" + store.layout.name), read_bw)])
+            for store in stores},
         native_hot_frac_of_bw_per_threads=[round(a / b, 3) if a else None
                                            for a, b in zip(series("native_hot"), read_bw)],
         native_frac_of_bw_per_threads=[round(a / b, 3) if a else None for a, b in zip(native, read_bw)],
@@ -357,6 +400,41 @@ def run_rows(result: dict) -> list[str]:
     return rows
 
 
+def embedded_and_layout_text(result: dict) -> str:
+    """The latest run's hand-off and store-layout tables (empty for a run that measured neither)."""
+    threads, read_bw = result["threads_list"], result["read_bw_gbs_per_threads"]
+    text = []
+    if result.get("embedded_gbs_per_threads"):
+        shape = result["embedded_shape"]
+        text += ["## The engine's hand-off (embedded) against the standalone kernel", "",
+                 f"Batch {shape['batch_size']}, {shape['blocks_per_head']} blocks per list (45% of a 2048-token "
+                 "budget on the CPU), Qwen3-8B's heads. Standalone: the kernel called from N threads of a "
+                 "worker group each. Embedded: what the engine runs, the layer's doorbell rung in its control "
+                 "words, the native worker pool's C++ threads, DONE waited for. Target: embedded at least 0.8 "
+                 "of standalone at every thread count.", "",
+                 "| threads | read bw GB/s | standalone GB/s | embedded GB/s | embedded / standalone |",
+                 "|---:|---:|---:|---:|---:|"]
+        for i, n in enumerate(threads):
+            text.append(f"| {n} | {read_bw[i]} | {result['native_b32_gbs_per_threads'][i]} | "
+                        f"{result['embedded_gbs_per_threads'][i]} | {result['embedded_frac_of_native_per_threads'][i]} |")
+        text.append("")
+    if result.get("layouts"):
+        layouts = result["layouts"]
+        text += ["## Host store layouts, read side by side (no compute)", "",
+                 "The same tokens per list (" f"{result['shape']['blocks_per_head'] * result['shape']['block_size']}"
+                 ") at random pages of a store of each layout, walked by the kernel's own read loop "
+                 "(`cpu_attention/layouts.py`); GB/s and, in brackets, the share of the read bandwidth measured in "
+                 "the same round set. Target: the adopted layout at least 0.8 of the read bandwidth at every "
+                 "thread count.", "",
+                 "| threads | read bw GB/s | " + " | ".join(f"{name}: {v['what']}" for name, v in layouts.items())
+                 + " |", "|---:|---:|" + "---:|" * len(layouts)]
+        for i, n in enumerate(threads):
+            cells = " | ".join(f"{v['gbs_per_threads'][i]} ({v['frac_of_bw_per_threads'][i]})" for v in layouts.values())
+            text.append(f"| {n} | {read_bw[i]} | {cells} |")
+        text.append("")
+    return "\n".join(text)
+
+
 def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     runs = load_runs(RESULTS / "cpu_attention.json")
@@ -407,6 +485,7 @@ numbers of different hosts were taken on different days and loads.
 
 {chr(10).join(rows)}
 
+{embedded_and_layout_text(result)}
 The torch path gathers the listed blocks (index_select into a preallocated buffer) and runs
 `_scaled_dot_product_flash_attention_for_cpu` with the G query heads folded into the query axis.
 The plot shows the latest run ({hw["model"]}).
@@ -419,7 +498,7 @@ The plot shows the latest run ({hw["model"]}).
     import matplotlib.pyplot as plt
 
     threads = result["threads_list"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 5))
     ax.plot(threads, result["read_bw_gbs_per_threads"], "k--", marker="o", label="memory read bandwidth")
     ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N groups x 1 thread)")
     ax.plot(threads, result["native_one_group_gbs_per_threads"], marker="s", label="native (1 group x N threads)")
@@ -429,6 +508,10 @@ The plot shows the latest run ({hw["model"]}).
                 label="native, K/V in cache (compute ceiling)")
     if result.get("native_4k_pages_gbs_per_threads"):
         ax.plot(threads, result["native_4k_pages_gbs_per_threads"], marker="v", label="native, 4 KiB pages")
+    if result.get("embedded_gbs_per_threads"):
+        ax.plot(threads, result["embedded_gbs_per_threads"], marker="*", label="embedded (engine hand-off, b32)")
+    for name, layout in (result.get("layouts") or {}).items():
+        ax.plot(threads, layout["gbs_per_threads"], ":", marker=".", label=f"blocks read, no compute: {name}")
     ax.set_xlabel("threads")
     ax.set_ylabel("GB/s of K+V read")
     ax.set_xticks(threads)

@@ -177,8 +177,9 @@ def projection(rows) -> dict:
         layers = PROJECTION["layers"]
         torch_path = layers * (at("launches_per_layer") * LAUNCH_US + at("scalar_reads_per_layer") * SYNC_US) / 1e3
         row = dict(torch_path=round(torch_path, 1), graph_replayed=round(at("plan_host_ms"), 2))
-        if at("gpu_launches_per_offloaded_layer") is not None:
-            launches = at("gpu_launches_per_dense_layer") + (layers - 1) * at("gpu_launches_per_offloaded_layer")
+        dense, offloaded = at("gpu_launches_per_dense_layer"), at("gpu_launches_per_offloaded_layer")
+        if dense is not None or offloaded is not None:  # a mode with no offloaded layer is dense throughout
+            launches = (dense or offloaded) + (layers - 1) * (offloaded if offloaded is not None else dense)
             row["triton_path_eager"] = round(launches * LAUNCH_US / 1e3, 2)
         out[mode] = row
     return out

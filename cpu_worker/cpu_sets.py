@@ -95,12 +95,7 @@ def rank_share(cpus: Iterable[int], local_rank: int, local_ranks: int,
         raise ValueError(f"local rank {local_rank} is not in 0..{local_ranks - 1}")
     if local_ranks == 1:
         return cpus
-    topology = topology if topology is not None else host_topology(cpus)
-    cores: dict[tuple[int, int, int], list[int]] = {}
-    for cpu in cpus:
-        place = topology.get(cpu) or alone(cpu)
-        cores.setdefault((place.node, place.package, place.core), []).append(cpu)
-    ordered = [cores[key] for key in sorted(cores)]
+    ordered = physical_cores(cpus, topology)
     if len(ordered) < local_ranks:
         raise ValueError(f"{local_ranks} ranks on this host share {len(ordered)} physical cores "
                          f"(CPUs {cpu_list_text(cpus)}): each rank's CPU worker needs at least one core of its own")
@@ -108,6 +103,18 @@ def rank_share(cpus: Iterable[int], local_rank: int, local_ranks: int,
     start = local_rank * base + min(local_rank, extra)
     mine = ordered[start:start + base + (1 if local_rank < extra else 0)]
     return sorted(cpu for core in mine for cpu in core)
+
+
+def physical_cores(cpus: Iterable[int], topology: dict[int, CpuPlace] | None = None) -> list[list[int]]:
+    """`cpus` grouped by physical core (a core's hardware threads together), ordered by NUMA node, package and
+    core; `topology` from host_topology (read from sysfs when None)."""
+    cpus = sorted(set(cpus))
+    topology = topology if topology is not None else host_topology(cpus)
+    cores: dict[tuple[int, int, int], list[int]] = {}
+    for cpu in cpus:
+        place = topology.get(cpu) or alone(cpu)
+        cores.setdefault((place.node, place.package, place.core), []).append(cpu)
+    return [cores[key] for key in sorted(cores)]
 
 
 def process_cpus() -> list[int]:

@@ -16,6 +16,10 @@ from scout_sglang.cpu_worker.native_kernel import load_native
 
 from scout_sglang.handoff_words import STATUS_DEADLINE
 
+# 16 blocks of 32 tokens: 256 KiB of bf16 K and V per KV head of 128 dims, long enough that a range's prefetch
+# warm-up is a small part of it.
+MIN_SPLIT_BLOCKS = 16
+
 
 def available() -> bool:
     """Whether the native pool can be built on this host (the native kernel's build)."""
@@ -27,19 +31,23 @@ class NativeWorkerPool:
 
     Parameters
     ----------
-    threads : worker threads (each takes one KV head of one sequence at a time)
+    threads : worker threads (each takes one block range of one KV head of one sequence at a time)
     cpus : the CPUs the threads may run on (one rank's share of the host, cpu_sets.py); None: the process's
     pin : thread i runs on cpus[i % len(cpus)] alone
     faults : a FaultPlan (tests only; drawn once per part) or None
     spin_s : how long an idle thread polls the doorbells before it sleeps until kick()
+    min_split_blocks : the shortest block range a long list is cut into so that the threads share a part of few
+        or uneven lists (native/work_items.h); 0: one item per list
     """
 
     def __init__(self, *, threads: int, cpus: list[int] | None = None, pin: bool = False,
-                 faults: FaultPlan | None = None, spin_s: float = 0.05):
+                 faults: FaultPlan | None = None, spin_s: float = 0.05, min_split_blocks: int = MIN_SPLIT_BLOCKS):
+        if min_split_blocks < 0:
+            raise ValueError(f"min_split_blocks must be >= 0 (0: never split), got {min_split_blocks}")
         module = load_native().module
         if module is None:
             raise RuntimeError(f"the native CPU worker pool is unavailable: {load_native().error}")
-        self._pool = module.WorkerPool(threads, sorted(cpus or []), pin, spin_s)
+        self._pool = module.WorkerPool(threads, sorted(cpus or []), pin, spin_s, min_split_blocks)
         if faults is not None and faults.cpu_faults:
             self._pool.set_faults(faults.raise_probability, faults.delay_probability, faults.delay_ms,
                                   faults.thread_exits, faults.seed)

@@ -29,23 +29,24 @@ HEADS, GROUP, BLOCK, DIM, PAGES, CAPACITY, BATCH = 2, 4, 16, 64, 40, 6, 5
 requires_native = pytest.mark.skipif(not available(), reason="the native CPU kernel does not build here")
 
 
-def make_worker(kind, *, threads=2, faults=None):
+def make_worker(kind, *, threads=2, faults=None, min_split_blocks=None):
     if kind == "native":
-        return NativeWorkerPool(threads=threads, faults=faults)
+        split = {} if min_split_blocks is None else dict(min_split_blocks=min_split_blocks)
+        return NativeWorkerPool(threads=threads, faults=faults, **split)
     return FlagWorker(threads=threads, impl="torch", faults=faults)
 
 
 WORKERS = [pytest.param("native", marks=requires_native), "python"]
 
 
-def make_part(dtype=torch.bfloat16, seed=0):
+def make_part(dtype=torch.bfloat16, seed=0, capacity=CAPACITY):
     gen = torch.Generator().manual_seed(seed)
     k, v = (torch.randn(PAGES, HEADS, BLOCK, DIM, generator=gen).to(dtype) for _ in range(2))
     q = torch.randn(BATCH, HEADS * GROUP, DIM, generator=gen).to(dtype)
-    counts = torch.randint(0, CAPACITY + 1, (BATCH, HEADS), generator=gen, dtype=torch.int32)
+    counts = torch.randint(0, capacity + 1, (BATCH, HEADS), generator=gen, dtype=torch.int32)
     counts[0] = torch.tensor([0, 1])  # an empty list and a single block
-    counts[1] = CAPACITY  # full lists
-    pages = torch.full((BATCH, HEADS, CAPACITY), PAD_BLOCK, dtype=torch.int32)
+    counts[1] = capacity  # full lists
+    pages = torch.full((BATCH, HEADS, capacity), PAD_BLOCK, dtype=torch.int32)
     for b in range(BATCH):
         for h in range(HEADS):
             pages[b, h, : counts[b, h]] = torch.randperm(PAGES, generator=gen)[: counts[b, h]].int()
@@ -91,6 +92,39 @@ def test_a_rung_part_is_attended_like_the_reference(kind, threads, dtype):
         assert torch.equal(part.out_o[3:], before)
     finally:
         worker.shutdown()
+
+
+@requires_native
+@pytest.mark.parametrize("threads", [2, 4])
+@pytest.mark.parametrize("min_split_blocks", [1, 3])
+def test_long_lists_cut_into_block_ranges_merge_to_the_reference(threads, min_split_blocks):
+    """Lists of up to 40 blocks cut into ranges of at least 1 or 3 blocks (up to 16 a list), attended by
+    different threads and merged by LSE: the reference's output, empty lists and empty ranges included; a bad
+    page in a cut list still fails the part, naming its row, and nothing is merged from it."""
+    worker = make_worker("native", threads=threads, min_split_blocks=min_split_blocks)
+    try:
+        part = make_part(torch.float32, seed=3, capacity=PAGES)
+        part.counts[2] = torch.tensor([PAGES, 2])  # one long list beside a short one
+        part.pages[2, 0] = torch.randperm(PAGES, generator=torch.Generator().manual_seed(4)).int()
+        worker.register_layer(0, part)
+        ring(worker, part, seq=1)
+        assert worker.wait_done(0, 1, timeout_s=30) == STATUS_OK
+        o, lse = expected(part)
+        torch.testing.assert_close(part.out_o, o, atol=2e-5, rtol=2e-5)
+        assert torch.isinf(part.out_lse[0, :GROUP]).all() and (part.out_o[0, :GROUP] == 0).all()
+        torch.testing.assert_close(part.out_lse[1:], lse[1:], atol=2e-5, rtol=2e-5)
+        part.pages[2, 0, PAGES - 1] = PAGES + 7  # in the long list's last range
+        part.out_o[2].fill_(9.0)
+        ring(worker, part, seq=2)
+        assert worker.wait_done(0, 2, timeout_s=30) == STATUS_ERROR and int(part.words[ERROR_ROW]) == 2
+        assert (part.out_o[2, :GROUP] == 9.0).all()  # the failed list's ranges were not merged into its rows
+    finally:
+        worker.shutdown()
+
+
+def test_the_native_pool_refuses_a_negative_range_length():
+    with pytest.raises(ValueError, match="min_split_blocks"):
+        NativeWorkerPool(threads=1, min_split_blocks=-1)
 
 
 @pytest.mark.parametrize("kind", WORKERS)

@@ -1,7 +1,8 @@
 // One call of the kernel: heads [head_begin, head_end) of one sequence, split
 // `split_index` of `num_splits` of each head's block list. Picks the compute path
 // (AMX, AVX512_BF16, bf16 widened in registers or generic fp32), walks the blocks with prefetch and writes
-// o / l and lse = m + log(l) (natural log, fp32).
+// o / l and lse = m + log(l) (natural log, fp32), head h at out_o[(h - out_origin) * G * D] and
+// out_lse[(h - out_origin) * G].
 
 #pragma once
 
@@ -97,7 +98,8 @@ void list_blocks(const T* k_cache, const T* v_cache, const int32_t* table, const
 template <typename T, typename O>
 void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
             int64_t num_kv_heads, int64_t capacity, const Dims& d, float scale, int64_t head_begin,
-            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse) {
+            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse,
+            int64_t out_origin = 0) {
   static thread_local Scratch scratch;
   scratch.reserve(d);
   const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
@@ -232,12 +234,12 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       for (int64_t g = 0; g < G; ++g) unsplit_row(o + g * D, D);
     }
 #endif
-    O* oh = out_o + h * G * D;
+    O* oh = out_o + (h - out_origin) * G * D;
     for (int64_t g = 0; g < G; ++g) {
       const bool empty = l[g] == 0.0f;
       const float inv = empty ? 0.0f : 1.0f / l[g];
       for (int64_t i = 0; i < D; ++i) oh[g * D + i] = static_cast<O>(o[g * D + i] * inv);
-      out_lse[h * G + g] = empty ? kNegInf : m[g] + std::log(l[g]);
+      out_lse[(h - out_origin) * G + g] = empty ? kNegInf : m[g] + std::log(l[g]);
     }
   }
 #if defined(SCOUT_HAVE_AMX)

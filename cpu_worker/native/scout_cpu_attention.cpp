@@ -177,8 +177,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
   using gil_release = pybind11::call_guard<pybind11::gil_scoped_release>;
   pybind11::class_<WorkerPool>(m, "WorkerPool")
-      .def(pybind11::init<int64_t, std::vector<int64_t>, bool, double>(), pybind11::arg("threads"),
-           pybind11::arg("cpus"), pybind11::arg("pin"), pybind11::arg("spin_s"))
+      .def(pybind11::init<int64_t, std::vector<int64_t>, bool, double, int64_t>(), pybind11::arg("threads"),
+           pybind11::arg("cpus"), pybind11::arg("pin"), pybind11::arg("spin_s"), pybind11::arg("min_split_blocks"))
       .def("register_layer", &WorkerPool::register_layer,
            "Register one layer's CPU part: staging, outputs, host store, control words (kept alive here).")
       .def("kick", &WorkerPool::kick, "Wake the threads; replace the ones that ended.", gil_release())

@@ -3,10 +3,11 @@
 // digest -> select -> split -> device part / CPU part (here) -> merge. The protocol is
 // scout_sglang/handoff_words.py: per registered layer, a row of int32 control words in page-locked
 // memory. The device (a CUDA stream, or on the CPU device the engine's thread) writes ROWS, then
-// DOORBELL = the step's sequence number; a thread that sees DOORBELL change makes a job of ROWS x Hkv
-// items (one KV head of one sequence each), the pool's threads take items under one mutex (an item is
-// tens of microseconds of memory traffic, the lock a few tens of nanoseconds), and the thread that
-// finishes the last item writes STATUS and ERROR_ROW, then DONE = the sequence number, with release
+// DOORBELL = the step's sequence number; a thread that sees DOORBELL change makes a job of items of
+// balanced bytes (work_items.h: consecutive KV heads of one sequence grouped, a long list cut into block
+// ranges merged by LSE), the pool's threads take items under one mutex (an item is tens of microseconds of
+// memory traffic, the lock a few tens of nanoseconds), and the thread that finishes the last item writes
+// STATUS and ERROR_ROW, then DONE = the sequence number, with release
 // order. DONE is always written, also on error, so a device that waits is never left hanging by a live
 // worker; a job its layer rang again before it finished is stale: it takes no new item and writes no
 // word (its result would be ignored), and the next job of the layer starts only when the stale one has
@@ -27,6 +28,7 @@
 #include <torch/extension.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "attend.h"
+#include "work_items.h"
 
 namespace {
 
@@ -61,6 +64,8 @@ struct LayerPart {
 struct Job {
   int64_t layer = 0;
   int32_t seq = 0;
+  WorkPlan plan;
+  std::vector<float> partial_o, partial_lse;  // [split lists, kMaxSplits, G, D] and [split lists, kMaxSplits, G]
   int64_t items = 0, next = 0, left = 0, in_flight = 0;
   int32_t error_row = -1;
   std::string error;
@@ -82,9 +87,11 @@ struct FaultPlanDraws {
 
 class WorkerPool {
  public:
-  // cpus: the CPUs the threads may run on (empty: the process's); pin: thread i on cpus[i % n] alone.
-  WorkerPool(int64_t threads, std::vector<int64_t> cpus, bool pin, double spin_s)
-      : cpus_(std::move(cpus)), pin_(pin), spin_(std::chrono::duration<double>(spin_s)) {
+  // cpus: the CPUs the threads may run on (empty: the process's); pin: thread i on cpus[i % n] alone;
+  // min_split_blocks: the shortest block range a list is cut into (0: one item per list; work_items.h).
+  WorkerPool(int64_t threads, std::vector<int64_t> cpus, bool pin, double spin_s, int64_t min_split_blocks)
+      : cpus_(std::move(cpus)), pin_(pin), spin_(std::chrono::duration<double>(spin_s)),
+        min_split_blocks_(min_split_blocks) {
     TORCH_CHECK(threads >= 1, "threads must be >= 1, got ", threads);
     last_kick_ = Clock::now();
     for (int64_t i = 0; i < threads; ++i) {
@@ -301,8 +308,14 @@ class WorkerPool {
       Job job;
       job.layer = index;
       job.seq = seq;
-      const int64_t rows = __atomic_load_n(part.word + kRowsWord, __ATOMIC_ACQUIRE);
-      job.items = std::max<int64_t>(0, std::min<int64_t>(rows, part.q.size(0))) * part.num_kv_heads;
+      const int64_t rows = std::max<int64_t>(
+          0, std::min<int64_t>(__atomic_load_n(part.word + kRowsWord, __ATOMIC_ACQUIRE), part.q.size(0)));
+      job.plan = plan_items(part.counts.data_ptr<int32_t>(), rows, part.num_kv_heads, part.capacity,
+                            static_cast<int64_t>(threads_.size()), min_split_blocks_);
+      const size_t slots = job.plan.ranges_left.size() * kMaxSplits * part.dims.group_size;
+      job.partial_o.resize(slots * part.dims.head_dim);
+      job.partial_lse.resize(slots);
+      job.items = static_cast<int64_t>(job.plan.items.size());
       job.left = job.items;
       jobs_.push_back(job);
     }
@@ -317,10 +330,11 @@ class WorkerPool {
 
   // Under the lock: the next item of the oldest job whose layer has no older job in flight.
   bool take(Taken& taken) {
-    std::map<int64_t, bool> busy;  // layer -> an older job of it still has items in flight
+    busy_layers_.clear();  // layers of which an older job still has items in flight (a few: no allocation)
     for (auto& job : jobs_) {
-      const bool blocked = busy[job.layer];
-      if (job.in_flight > 0) busy[job.layer] = true;
+      const bool blocked =
+          std::find(busy_layers_.begin(), busy_layers_.end(), job.layer) != busy_layers_.end();
+      if (job.in_flight > 0 && !blocked) busy_layers_.push_back(job.layer);
       if (job.stale || blocked || job.next >= job.items) continue;
       taken = Taken{&job, &parts_.at(job.layer), job.next++, !job.started};
       if (taken.first) draw_faults(job);
@@ -359,19 +373,33 @@ class WorkerPool {
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms));
     }
     const LayerPart& part = *taken.part;
-    const int64_t row = taken.item / part.num_kv_heads, head = taken.item % part.num_kv_heads;
+    const WorkItem item = job.plan.items[taken.item];
+    const int64_t G = part.dims.group_size, D = part.dims.head_dim;
+    const int64_t slot = (item.list * kMaxSplits + item.split) * G;  // this range's partial, when cut
     std::string error;
     if (!job.failed_by_plan && !job.stale) {
       const auto began = Clock::now();
-      error = attend_item(part, row, head);
+      error = item.splits == 1
+                  ? attend_item(part, item.row, item.head_begin, item.head_end, 0, 1, nullptr, nullptr)
+                  : attend_item(part, item.row, item.head_begin, item.head_end, item.split, item.splits,
+                                job.partial_o.data() + slot * D, job.partial_lse.data() + slot);
       const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - began).count();
       busy_ns_.fetch_add(spent);
       part.busy_ns->fetch_add(spent);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (item.splits > 1 && --job.plan.ranges_left[item.list] == 0 && error.empty() && job.error.empty() &&
+        !job.failed_by_plan && !job.stale) {
+      lock.unlock();  // the list's last range: merge its ranges into the list's output rows
+      const int64_t first = item.list * kMaxSplits * G;
+      const int64_t q_head = item.row * part.num_qo_heads + item.head_begin * G;
+      merge_ranges(job.partial_o.data() + first * D, job.partial_lse.data() + first, item.splits, G, D,
+                   part.out_o.data_ptr<float>() + q_head * D, part.out_lse.data_ptr<float>() + q_head);
+      lock.lock();
+    }
     --job.in_flight;
     if (!error.empty() && job.error_row < 0) {
-      job.error_row = static_cast<int32_t>(row);
+      job.error_row = item.row;
       job.error = error;
     }
     if (--job.left == 0) finish(job);
@@ -379,41 +407,47 @@ class WorkerPool {
     return true;
   }
 
-  // One KV head of one sequence; checks its list first (a torn or bad staging must not read out of bounds).
-  static std::string attend_item(const LayerPart& part, int64_t row, int64_t head) {
-    const int32_t count = part.counts.data_ptr<int32_t>()[row * part.num_kv_heads + head];
-    if (count < 0 || count > part.capacity) {
-      return "row " + std::to_string(row) + " head " + std::to_string(head) + ": count " + std::to_string(count) +
-             " outside [0, " + std::to_string(part.capacity) + "]";
-    }
+  // KV heads [head_begin, head_end) of one sequence, range `split` of `splits` of each list, into the part's
+  // output rows (o_range null) or, for one head's range, into o_range [G, D] and lse_range [G]; checks the
+  // whole lists first (a torn or bad staging must not read out of bounds).
+  static std::string attend_item(const LayerPart& part, int64_t row, int64_t head_begin, int64_t head_end,
+                                 int64_t split, int64_t splits, float* o_range, float* lse_range) {
     const int32_t* table = part.pages.data_ptr<int32_t>() + row * part.num_kv_heads * part.capacity;
-    for (int32_t i = 0; i < count; ++i) {
-      const int32_t page = table[head * part.capacity + i];
-      if (page < 0 || page >= part.num_pages) {
-        return "row " + std::to_string(row) + " head " + std::to_string(head) + ": page " + std::to_string(page) +
-               " outside [0, " + std::to_string(part.num_pages) + ")";
+    for (int64_t head = head_begin; head < head_end; ++head) {
+      const int32_t count = part.counts.data_ptr<int32_t>()[row * part.num_kv_heads + head];
+      if (count < 0 || count > part.capacity) {
+        return "row " + std::to_string(row) + " head " + std::to_string(head) + ": count " +
+               std::to_string(count) + " outside [0, " + std::to_string(part.capacity) + "]";
+      }
+      for (int32_t i = 0; i < count; ++i) {
+        const int32_t page = table[head * part.capacity + i];
+        if (page < 0 || page >= part.num_pages) {
+          return "row " + std::to_string(row) + " head " + std::to_string(head) + ": page " +
+                 std::to_string(page) + " outside [0, " + std::to_string(part.num_pages) + ")";
+        }
       }
     }
     const int64_t q_row = row * part.num_qo_heads * part.dims.head_dim;
     const int32_t* counts = part.counts.data_ptr<int32_t>() + row * part.num_kv_heads;
-    float* out_o = part.out_o.data_ptr<float>() + q_row;
-    float* out_lse = part.out_lse.data_ptr<float>() + row * part.num_qo_heads;
+    float* out_o = o_range ? o_range : part.out_o.data_ptr<float>() + q_row;
+    float* out_lse = lse_range ? lse_range : part.out_lse.data_ptr<float>() + row * part.num_qo_heads;
+    const int64_t origin = o_range ? head_begin : 0;
     try {
       switch (part.q.scalar_type()) {
         case torch::kBFloat16:
           attend<bf16, float>(part.q.data_ptr<bf16>() + q_row, part.k_cache.data_ptr<bf16>(),
                               part.v_cache.data_ptr<bf16>(), table, counts, part.num_kv_heads, part.capacity,
-                              part.dims, part.scale, head, head + 1, 0, 1, out_o, out_lse);
+                              part.dims, part.scale, head_begin, head_end, split, splits, out_o, out_lse, origin);
           break;
         case torch::kFloat16:
           attend<fp16, float>(part.q.data_ptr<fp16>() + q_row, part.k_cache.data_ptr<fp16>(),
                               part.v_cache.data_ptr<fp16>(), table, counts, part.num_kv_heads, part.capacity,
-                              part.dims, part.scale, head, head + 1, 0, 1, out_o, out_lse);
+                              part.dims, part.scale, head_begin, head_end, split, splits, out_o, out_lse, origin);
           break;
         default:
           attend<float, float>(part.q.data_ptr<float>() + q_row, part.k_cache.data_ptr<float>(),
                                part.v_cache.data_ptr<float>(), table, counts, part.num_kv_heads, part.capacity,
-                               part.dims, part.scale, head, head + 1, 0, 1, out_o, out_lse);
+                               part.dims, part.scale, head_begin, head_end, split, splits, out_o, out_lse, origin);
           break;
       }
     } catch (const std::exception& e) {
@@ -443,6 +477,7 @@ class WorkerPool {
   std::vector<int64_t> cpus_;
   bool pin_;
   std::chrono::duration<double> spin_;
+  int64_t min_split_blocks_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;
@@ -455,6 +490,7 @@ class WorkerPool {
   std::vector<Doorbell> scan_;
   std::atomic<int64_t> scan_version_{0};
   std::list<Job> jobs_;
+  std::vector<int64_t> busy_layers_;  // take()'s scratch
   std::atomic<int64_t> runnable_{0};
   Clock::time_point last_kick_;
   bool stop_ = false;

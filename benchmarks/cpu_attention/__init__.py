@@ -1,0 +1,1 @@
+"""Parts of benchmarks/bench_cpu_attention.py: layouts (host store layouts read side by side)."""

@@ -28,7 +28,8 @@ def fields() -> set[str]:
     return (set(ServingStats().report({})) | returned_dict_keys(adapter / "memory_report.py", "usage")
             | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "usage")
             | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "cpu_worker_state")
-            | {"tp_rank", "tp_size", "cpu_worker", "scout_ranks"}
+            | returned_dict_keys(ROOT / "cpu_worker" / "core_plan.py", "as_report")
+            | {"tp_rank", "tp_size", "cpu_worker", "cores", "scout_ranks"}
             | {"digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated"})
 
 

@@ -69,6 +69,9 @@ def test_two_ranks_decode_like_one_at_a_covering_budget_and_report_each_rank(qwe
     cpus = [set(rank["cpu_worker"]["cpus"]) for rank in ranks]
     assert all(cpus) and not cpus[0] & cpus[1]
     assert single["cpu_worker"]["cpus"] == process_cpus()
+    # the core plan says what it did: each rank's bound CPUs are all it has here, so its workers share them
+    assert all(r["cores"]["shared"] and r["cores"]["worker_cpus"] == r["cores"]["host_cpus"] for r in ranks)
+    assert single["cores"]["shared"] and "not bound" in single["cores"]["why"]
     for rank in ranks:
         steps = re.search(rf'^scout_decode_steps\{{tp_rank="{rank["tp_rank"]}"\}} (\S+)', metrics, re.M)
         assert steps and float(steps.group(1)) == rank["decode_steps"]

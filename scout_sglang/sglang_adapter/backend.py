@@ -60,7 +60,7 @@ from scout_sglang.sglang_adapter.layer_ahead import (
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
-from scout_sglang.sglang_adapter.tensor_parallel import rank_cpus, rank_place
+from scout_sglang.sglang_adapter.tensor_parallel import rank_core_plan, rank_place
 
 METRICS_INTERVAL_S = 0.5  # the longest /metrics lags the steps; a request's release always updates it
 
@@ -191,12 +191,17 @@ class ScoutAttnBackend:
         offloaded = memory_report.layer_split(self.config, self.shape.num_layers)[0]
         if self.layout == "arrival" and offloaded and shares_arrival_pool(pool.page_size, self.config.block_size):
             self.host_store = borrowed_host_store(pool, offloaded, self.config.block_size, self.device)
+        self.cores = rank_core_plan(self.place, self.device)
+        if self.cores.torch_threads and torch.get_num_threads() > self.cores.torch_threads:
+            torch.set_num_threads(self.cores.torch_threads)  # a GPU's host: its intra-op threads off the workers' cores
+        logger.info("scout: cores: %s (workers %s, host %s)", self.cores.why, cpu_list_text(self.cores.workers),
+                    cpu_list_text(self.cores.host))
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
                                         total_pages=total_pages, track_changes=False,
                                         cpu_deadline_ms=cpu_deadline_ms(),
                                         cpu_faults=faults if faults is not None and faults.cpu_faults else None,
-                                        cpu_set=rank_cpus(self.place, self.device), host_store=self.host_store)
+                                        cpu_set=list(self.cores.workers), host_store=self.host_store)
         if self.place.tp_size > 1:
             cpus = (self.engine.cpu_worker_state() or {}).get("cpus")
             logger.info("scout: tensor-parallel rank %d of %d (process %d of %d on this host): %d query and %d KV "
@@ -376,6 +381,7 @@ class ScoutAttnBackend:
         report["tp_rank"], report["tp_size"] = self.place.tp_rank, self.place.tp_size
         report["request_failures"] = dict(self.failures.counts)
         report["cpu_worker"] = self.engine.cpu_worker_state()
+        report["cores"] = self.cores.as_report()
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size)
         return report

@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from scout_sglang.cpu_worker.core_plan import CorePlan, plan_cores
 from scout_sglang.cpu_worker.cpu_sets import parse_cpu_list, process_cpus, rank_share
 
 logger = logging.getLogger("scout_sglang.sglang_adapter")
@@ -76,6 +77,26 @@ def rank_cpus(place: RankPlace, device, environ: Mapping[str, str] | None = None
     except ValueError as error:
         logger.warning("scout: %s; the ranks' CPU workers share all of them", error)
         return process
+
+
+def rank_core_plan(place: RankPlace, device, environ: Mapping[str, str] | None = None,
+                   topology=None) -> CorePlan:
+    """This rank's CPUs split between its CPU worker pool and its host (cpu_worker/core_plan.py). On a CPU device
+    bound by SGLANG_CPU_OMP_THREADS_BIND, the workers take this rank's share of the process's CPUs that no rank's
+    binding names (none left: they share the rank's bound CPUs, as rank_cpus gives)."""
+    environ = os.environ if environ is None else environ
+    device_is_cpu = str(device).startswith("cpu")
+    share = rank_cpus(place, device, environ) or process_cpus()
+    bind = environ.get(OMP_BIND, "")
+    if not (device_is_cpu and bind and bind != "all"):
+        return plan_cores(share, device_is_cpu=device_is_cpu, topology=topology)
+    bound = {cpu for entry in bind.split("|") if entry.strip() for cpu in parse_cpu_list(entry)}
+    free = [cpu for cpu in process_cpus() if cpu not in bound]
+    try:
+        extra = rank_share(free, place.local_rank, place.local_ranks, topology) if free else []
+    except ValueError:  # fewer unbound cores than ranks: none of them is this rank's alone
+        extra = []
+    return plan_cores(share + extra, device_is_cpu=True, device_cpus=share, topology=topology)
 
 
 def tp_gather(value) -> list:

@@ -31,6 +31,8 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scout_sglang.core.op_counter import unwrap_triton_launches, wrap_triton_launches
+
 # glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
@@ -51,13 +53,13 @@ class PythonLineCounter:
         self.lines = 0
         self._skip_launches = skip_launches
         self._run_launches = run_launches  # False: the launches are not run (op_counter.LaunchCounter says why)
-        self._in_launch = 0
+        self._inside = 0  # > 0 inside a Triton launch
         self._patched = []
 
     def _trace(self, frame, event, arg):
         if event == "call" and frame.f_code.co_filename in self.IGNORED_FILES:
             return None  # no line events in this frame (calls it makes are traced again)
-        if event == "line" and not self._in_launch:
+        if event == "line" and not self._inside:
             self.lines += 1
         return self._trace
 
@@ -66,34 +68,14 @@ class PythonLineCounter:
             raise RuntimeError("a trace function is already set on this thread (a debugger or coverage?): "
                                "PythonLineCounter cannot count under it")
         if self._skip_launches:
-            self._patch_launches()
+            self._patched = wrap_triton_launches(self, run=self._run_launches)
         sys.settrace(self._trace)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(None)
-        for cls, original in self._patched:
-            cls.run = original
-        self._patched.clear()
+        unwrap_triton_launches(self._patched)
         return False
-
-    def _patch_launches(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        counter = self
-        for cls in (InterpretedFunction, JITFunction):
-            original = cls.run
-
-            def run(kernel, *args, _original=original, **kwargs):
-                counter._in_launch += 1
-                try:
-                    return _original(kernel, *args, **kwargs) if counter._run_launches else None
-                finally:
-                    counter._in_launch -= 1
-
-            self._patched.append((cls, original))
-            cls.run = run
 
 
 class HostClock(TorchDispatchMode):

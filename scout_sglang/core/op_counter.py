@@ -60,30 +60,11 @@ class LaunchCounter(OpCounter):
         self._patched = []
 
     def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        counter = self
-        for cls in (InterpretedFunction, JITFunction):
-            original = cls.run
-
-            def run(kernel, *args, _original=original, **kwargs):
-                if not kwargs.get("warmup"):
-                    counter.triton[getattr(kernel, "__name__", "kernel")] += 1
-                counter._inside += 1
-                try:
-                    return _original(kernel, *args, **kwargs) if counter._run else None
-                finally:
-                    counter._inside -= 1
-
-            self._patched.append((cls, original))
-            cls.run = run
+        self._patched = wrap_triton_launches(self, run=self._run, count=self.triton)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for cls, original in self._patched:
-            cls.run = original
-        self._patched.clear()
+        unwrap_triton_launches(self._patched)
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -94,3 +75,34 @@ class LaunchCounter(OpCounter):
     def launches(self) -> int:
         """Triton launches plus aten ops that are not views."""
         return super().launches() + sum(self.triton.values())
+
+
+def wrap_triton_launches(owner, *, run: bool, count=None) -> list:
+    """Wrap every Triton kernel launch of this process (compiled and interpreted) until unwrap_triton_launches:
+    `owner._inside` is > 0 during a launch, the launch runs only when `run`, and `count` (a Counter, optional)
+    gets the kernel's name per launch (warm-ups aside). Returns what unwrap_triton_launches puts back."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    patched = []
+    for cls in (InterpretedFunction, JITFunction):
+        original = cls.run
+
+        def wrapped(kernel, *args, _original=original, **kwargs):
+            if count is not None and not kwargs.get("warmup"):
+                count[getattr(kernel, "__name__", "kernel")] += 1
+            owner._inside += 1
+            try:
+                return _original(kernel, *args, **kwargs) if run else None
+            finally:
+                owner._inside -= 1
+
+        patched.append((cls, original))
+        cls.run = wrapped
+    return patched
+
+
+def unwrap_triton_launches(patched: list) -> None:
+    for cls, original in reversed(patched):
+        cls.run = original
+    patched.clear()

@@ -53,14 +53,15 @@ def log(message: str) -> None:
     print(f"[bench_host_overhead] {message}", file=sys.stderr, flush=True)
 
 
-def build(mode: str, batch: int, num_kv_heads: int, variant: str,
-          kernel_impl: str | None = None) -> tuple[CoAttentionEngine, ModelShape]:
+def build(mode: str, batch: int, num_kv_heads: int, variant: str, kernel_impl: str | None = None,
+          fixed_widths: bool | None = None) -> tuple[CoAttentionEngine, ModelShape]:
     shape = ModelShape(num_layers=NUM_LAYERS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     recall = dict(recall_policy="interval", recall_interval=1) if variant == "recall" else dict(recall_policy="off")
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=BUDGET, cpu_groups=1, dense_layers=(0,),
                          kernel_impl=kernel_impl, **recall)
     engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
-                               max_tokens_per_request=CONTEXT + 2 * BLOCK, track_changes=False)
+                               max_tokens_per_request=CONTEXT + 2 * BLOCK, track_changes=False,
+                               fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
     # The measured step is the second one; in the "fill" variant its token completes a block.
     length = CONTEXT - 2 if variant == "fill" else CONTEXT + 1
@@ -112,7 +113,9 @@ def gpu_path_counts(mode, batch, num_kv_heads, variant) -> dict:
     on_cuda = torch.cuda.is_available()
     if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return {}
-    engine, shape = build(mode, batch, num_kv_heads, variant, kernel_impl="triton")
+    # page tables at their full width, as on a GPU (the engine's default there): a block that completes does not
+    # change what a layer launches, so every counted step replays its recorded launches
+    engine, shape = build(mode, batch, num_kv_heads, variant, kernel_impl="triton", fixed_widths=True)
     gen = torch.Generator().manual_seed(1)
     counters, lines = {}, PythonLineCounter(skip_launches=True, run_launches=on_cuda)
     try:

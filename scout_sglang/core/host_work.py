@@ -31,6 +31,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scout_sglang.core import op_counter
 from scout_sglang.core.op_counter import unwrap_triton_launches, wrap_triton_launches
 
 # glibc mallopt parameters (malloc.h)
@@ -41,13 +42,14 @@ class PythonLineCounter:
     """Counts the Python lines this thread executes while active (`with PythonLineCounter() as lines:`).
 
     Code of the `threading` module is not counted: a wait on an event runs more lines when the event is not set
-    yet, so its count follows the timing of other threads, not the work of this one. With skip_launches, nothing
+    yet, so its count follows the timing of other threads, not the work of this one; nor is op_counter's wrapper
+    of Triton's launches (the counting's own code). With skip_launches, nothing
     inside a Triton kernel launch is counted either: the launcher's own Python is the launch (counted as one by
     op_counter.LaunchCounter, and absent from a replayed CUDA graph), and in Triton's interpreter the kernel's
     body runs as Python that a GPU runs as device code.
     """
 
-    IGNORED_FILES = frozenset((threading.__file__,))
+    IGNORED_FILES = frozenset((threading.__file__, op_counter.__file__))  # op_counter: the launch wrapper
 
     def __init__(self, *, skip_launches: bool = False, run_launches: bool = True):
         self.lines = 0

@@ -49,6 +49,7 @@ def merge_cpu_part(o: torch.Tensor, lse: torch.Tensor, cpu_o: torch.Tensor, cpu_
 
         merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out)
         return
-    worker = int(status.numpy()[0]) == 0  # the CPU device's status is a host value: no device read
-    other_o, other_lse = (cpu_o, cpu_lse) if worker else (fb_o, fb_lse)
-    merge_attention_states(o, lse, other_o.to(o.device), other_lse.to(o.device), out=out, impl="torch")
+    worker = status.to(o.device) == 0  # chosen on the device, as the kernel does: no host read of the status
+    other_o = torch.where(worker, cpu_o.to(o.device), fb_o)
+    other_lse = torch.where(worker, cpu_lse.to(o.device), fb_lse)
+    merge_attention_states(o, lse, other_o, other_lse, out=out, impl="torch")

@@ -218,6 +218,8 @@ class CpuHandoff:
         counts = ", ".join(f"{name} {count}" for name, count in sorted(self._unlogged.items()))
         detail = f"not done {1e3 * self.deadline_s:g} ms after its ring"
         if cause == "error":
+            # the control words are page-locked host memory, read here outside the layer loop (when a step's
+            # telemetry is collected), at most once per LOG_INTERVAL_S
             row = int(self.words[self.index[layer], ERROR_ROW])
             error = getattr(self.worker, "errors", {}).get(self.worker_id[layer], "")
             who = f"sequence {rids[row]}" if 0 <= row < len(rids) else "a padding row"

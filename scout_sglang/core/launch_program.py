@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scout_sglang.core.op_counter import OpCounter
+from scout_sglang.core.op_counter import OpCounter, unwrap_triton_launches, wrap_triton_launches
 
 
 class NotReplayable(RuntimeError):
@@ -53,29 +53,22 @@ class Recorder:
 
     def __init__(self):
         self.launches: list[tuple] = []
+        self._inside = 0
         self._patched = []
 
     def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        recorder = self
-        for cls in (InterpretedFunction, JITFunction):
-            original = cls.run
-
-            def run(kernel, *args, grid, warmup, **kwargs):
-                if not warmup:
-                    recorder.launches.append((kernel, grid, list(args), kwargs))
-
-            self._patched.append((cls, original))
-            cls.run = run
+        self._patched = wrap_triton_launches(self, run=False, on_launch=self._record)
         return self
 
     def __exit__(self, *exc):
-        for cls, original in self._patched:
-            cls.run = original
-        self._patched.clear()
+        unwrap_triton_launches(self._patched)
         return False
+
+    def _record(self, kernel, args, kwargs) -> None:
+        kwargs = dict(kwargs)
+        grid = kwargs.pop("grid")
+        kwargs.pop("warmup", None)
+        self.launches.append((kernel, grid, list(args), kwargs))
 
 
 def _storage(tensor: torch.Tensor) -> int:

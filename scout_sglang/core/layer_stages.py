@@ -62,16 +62,13 @@ class LayerStages:
     # -- offloaded layers ----------------------------------------------------------------
     def front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
         """Select, fill, split and ring for `layer` from query q [rows, Hq, D] (predicted or real)."""
-        handoff = self.handoff
         if self.programs is None or trace is not None:
-            self.select_split(layer, q, trace=trace)
-            if handoff is not None:
-                handoff.ring(layer, self.engine.plan)
-            return
-        self.programs.run("front", self._step_key(layer), lambda q: self._front_launches(layer, q), q=q)
+            self._front(layer, q, trace=trace)
+        else:
+            self.programs.run("front", self._step_key(layer), lambda q: self._front(layer, q), q=q)
 
-    def _front_launches(self, layer: int, q: torch.Tensor) -> None:
-        self.select_split(layer, q)
+    def _front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
+        self.select_split(layer, q, trace=trace)
         if self.handoff is not None:
             self.handoff.ring(layer, self.engine.plan)
 
@@ -118,31 +115,19 @@ class LayerStages:
     def attend_offloaded(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          out: torch.Tensor) -> None:
         """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D]."""
-        rows, plan = self.engine.plan.rows, self.engine.plan
-        o, lse = (self.buffers.o[:rows] if self.cpu_part else out), self.buffers.lse[:rows]
         if self.programs is None:
-            self.device_part(layer, q, k_new, v_new, o)
-            if self.cpu_part:
-                self.handoff.resolve(layer, plan, o, lse, out)
-            if self.recalls:
-                self.recall(layer)
-            return
-        key = self._step_key(layer)
-        if not self.cpu_part:
-            self.programs.run("attend", key, lambda q, k, v, out: self._attend_launches(layer, q, k, v, out, out),
+            self._attend(layer, q, k_new, v_new, out)
+        else:
+            self.programs.run("attend", self._step_key(layer), lambda q, k, v, out: self._attend(layer, q, k, v, out),
                               q=q, k=k_new, v=v_new, out=out)
-            return
-        self.programs.run("device_part", key, lambda q, k, v, out: self._device_launches(layer, q, k, v, o, lse, out),
-                          q=q, k=k_new, v=v_new, out=out)
 
-    def _attend_launches(self, layer, q, k_new, v_new, o, out) -> None:
+    def _attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                out: torch.Tensor) -> None:
+        rows = self.engine.plan.rows
+        o = self.buffers.o[:rows] if self.cpu_part else out  # with a CPU part, the device part's own (o, lse)
         self.device_part(layer, q, k_new, v_new, o)
-        if self.recalls:
-            self.recall(layer)
-
-    def _device_launches(self, layer, q, k_new, v_new, o, lse, out) -> None:
-        self.device_part(layer, q, k_new, v_new, o)
-        self.handoff.resolve(layer, self.engine.plan, o, lse, out)
+        if self.cpu_part:
+            self.handoff.resolve(layer, self.engine.plan, o, self.buffers.lse[:rows], out)
         if self.recalls:
             self.recall(layer)
 

@@ -60,12 +60,15 @@ class LaunchCounter(OpCounter):
         self._patched = []
 
     def __enter__(self):
-        self._patched = wrap_triton_launches(self, run=self._run, count=self.triton)
+        self._patched = wrap_triton_launches(self, run=self._run, on_launch=self._count)
         return super().__enter__()
 
     def __exit__(self, *exc):
         unwrap_triton_launches(self._patched)
         return super().__exit__(*exc)
+
+    def _count(self, kernel, args, kwargs) -> None:
+        self.triton[getattr(kernel, "__name__", "kernel")] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self._inside:
@@ -77,10 +80,11 @@ class LaunchCounter(OpCounter):
         return super().launches() + sum(self.triton.values())
 
 
-def wrap_triton_launches(owner, *, run: bool, count=None) -> list:
+def wrap_triton_launches(owner, *, run: bool, on_launch=None) -> list:
     """Wrap every Triton kernel launch of this process (compiled and interpreted) until unwrap_triton_launches:
-    `owner._inside` is > 0 during a launch, the launch runs only when `run`, and `count` (a Counter, optional)
-    gets the kernel's name per launch (warm-ups aside). Returns what unwrap_triton_launches puts back."""
+    `owner._inside` is > 0 during a launch, the launch runs only when `run`, and on_launch(kernel, args, kwargs)
+    (optional; kwargs hold the grid) sees each launch but warm-ups first. Returns what unwrap_triton_launches
+    puts back."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
@@ -89,8 +93,8 @@ def wrap_triton_launches(owner, *, run: bool, count=None) -> list:
         original = cls.run
 
         def wrapped(kernel, *args, _original=original, **kwargs):
-            if count is not None and not kwargs.get("warmup"):
-                count[getattr(kernel, "__name__", "kernel")] += 1
+            if on_launch is not None and not kwargs.get("warmup"):
+                on_launch(kernel, args, kwargs)
             owner._inside += 1
             try:
                 return _original(kernel, *args, **kwargs) if run else None

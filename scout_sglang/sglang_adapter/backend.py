@@ -46,17 +46,8 @@ from scout_sglang.sglang_adapter.arrival_pages import (
     completed_block_pages,
     shares_arrival_pool,
 )
-from scout_sglang.sglang_adapter.kv_pool import (
-    LAYOUT_ATTRIBUTE,
-    check_engine_memory,
-    plan_engine,
-    pool_layout,
-)
-from scout_sglang.sglang_adapter.layer_ahead import (
-    QueryPredictor,
-    decoder_layers,
-    prediction_problems,
-)
+from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
+from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
@@ -131,9 +122,7 @@ def stops_the_server(what: str):
 def stock_backend(model_runner):
     """The backend that runs prefill: torch_native on CPU, triton on CUDA."""
     if model_runner.device == "cpu" or str(model_runner.device).startswith("cpu"):
-        from sglang.srt.layers.attention.torch_native_backend import (
-            TorchNativeAttnBackend,
-        )
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         return TorchNativeAttnBackend(model_runner)
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend

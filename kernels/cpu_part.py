@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from scout_sglang.kernels.dispatch import select_impl
-from scout_sglang.kernels.merge import merge_attention_states
+from scout_sglang.kernels.merge import merge_states_torch
 
 
 def ring_doorbell(header: torch.Tensor, words: torch.Tensor, ring_ns: torch.Tensor) -> None:
@@ -52,4 +52,4 @@ def merge_cpu_part(o: torch.Tensor, lse: torch.Tensor, cpu_o: torch.Tensor, cpu_
     worker = status.to(o.device) == 0  # chosen on the device, as the kernel does: no host read of the status
     other_o = torch.where(worker, cpu_o.to(o.device), fb_o)
     other_lse = torch.where(worker, cpu_lse.to(o.device), fb_lse)
-    merge_attention_states(o, lse, other_o, other_lse, out=out, impl="torch")
+    out.copy_(merge_states_torch(o, lse, other_o, other_lse)[0])

@@ -34,7 +34,7 @@ def build_digests(
     digest_min = torch.empty(num_pages, num_kv_heads, head_dim, dtype=k_cache.dtype, device=k_cache.device)
     digest_max = torch.empty_like(digest_min)
     page_ids = torch.arange(num_pages, dtype=torch.int32, device=k_cache.device)
-    _digests_into(k_cache, page_ids, digest_min, digest_max, impl)
+    digests_into(k_cache, page_ids, digest_min, digest_max, impl)
     return digest_min, digest_max
 
 
@@ -63,7 +63,7 @@ def update_digests(
         check_shape("rows", rows, page_ids.shape)
     if page_ids.numel() == 0:
         return
-    _digests_into(k_cache, page_ids, digest_min, digest_max, impl, rows=rows)
+    digests_into(k_cache, page_ids, digest_min, digest_max, impl, rows=rows)
 
 
 def digest_blocks(
@@ -90,7 +90,7 @@ def digest_blocks(
     if rows.numel() == 0:
         return
     sources = torch.arange(k_blocks.shape[0], dtype=torch.int32, device=k_blocks.device)
-    _digests_into(k_blocks, sources, digest_min, digest_max, impl, rows=rows)
+    digests_into(k_blocks, sources, digest_min, digest_max, impl, rows=rows)
 
 
 def _check_digest_args(k_cache, index_name, index, digest_min, digest_max, *, num_rows):
@@ -102,7 +102,7 @@ def _check_digest_args(k_cache, index_name, index, digest_min, digest_max, *, nu
         check_shape(name, digest, expected)
 
 
-def _digests_into(k_cache, page_ids, digest_min, digest_max, impl, *, rows=None):
+def digests_into(k_cache, page_ids, digest_min, digest_max, impl, *, rows=None):
     """Digests of pages `page_ids` of k_cache into rows `rows` (default: the same ids)."""
     if select_impl("digests", k_cache.device.type, impl) == "triton":
         from scout_sglang.kernels.triton import digests_triton

@@ -150,7 +150,7 @@ def select_topk(
     check_tensor("scores", scores, ndim=3, dtypes=(torch.float32,))
     device = scores.device
     check_tensor("num_blocks", num_blocks, ndim=1, dtypes=(torch.int32,), device=device)
-    batch_size, num_kv_heads, max_blocks = scores.shape
+    batch_size, num_kv_heads, _ = scores.shape
     if num_blocks.shape[0] != batch_size:
         raise ValueError(f"num_blocks must have shape ({batch_size},), got {tuple(num_blocks.shape)}")
     if topk < 1:
@@ -172,7 +172,14 @@ def select_topk(
     check_tensor("out_counts", out_counts, dtypes=(torch.int32,), device=device)
     check_shape("out_counts", out_counts, (batch_size, num_kv_heads))
 
-    position = torch.arange(max_blocks, device=device)
+    select_topk_into(scores, num_blocks, topk, num_sink_blocks, num_local_blocks, out_indices, out_counts)
+    return out_indices, out_counts
+
+
+def select_topk_into(scores, num_blocks, topk, num_sink_blocks, num_local_blocks, out_indices, out_counts) -> None:
+    """select_topk's torch body, unchecked (the decode step's select stage calls it with its static buffers)."""
+    batch_size, num_kv_heads, max_blocks = scores.shape
+    position = torch.arange(max_blocks, device=scores.device)
     n = num_blocks.unsqueeze(1).long()  # [B, 1]
     valid = position < n
     forced = valid & ((position < num_sink_blocks) | (position >= n - num_local_blocks))
@@ -182,9 +189,7 @@ def select_topk(
     order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
     take = min(topk, max_blocks)
     counts = num_blocks.clamp(max=topk).unsqueeze(1).expand(batch_size, num_kv_heads)
-    chosen = order[..., :take].to(torch.int32)
-    keep = torch.arange(take, device=device) < counts.unsqueeze(-1)
+    keep = torch.arange(take, device=scores.device) < counts.unsqueeze(-1)
     out_indices.fill_(PAD_BLOCK)
-    out_indices[..., :take] = torch.where(keep, chosen, torch.full_like(chosen, PAD_BLOCK))
+    out_indices[..., :take] = torch.where(keep, order[..., :take].to(torch.int32), PAD_BLOCK)
     out_counts.copy_(counts)
-    return out_indices, out_counts

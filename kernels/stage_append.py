@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from scout_sglang.kernels.block_copy import copy_block_rows
 from scout_sglang.kernels.checks import check_paged_cache, check_tensor
+from scout_sglang.kernels.digest import digests_into
 from scout_sglang.kernels.dispatch import select_impl
 
 
@@ -55,10 +56,7 @@ def append_token(k_new: torch.Tensor, v_new: torch.Tensor, k_store: torch.Tensor
     k_store[page, :, offset] = k_new.to(k_store.dtype)
     v_store[page, :, offset] = v_new.to(v_store.dtype)
     if digest_min is not None:  # every row: the rows that complete nothing write to a scratch row nobody reads
-        block = k_store.index_select(0, page)
-        rows = digest_rows.long()
-        digest_min.index_copy_(0, rows, block.amin(dim=2))
-        digest_max.index_copy_(0, rows, block.amax(dim=2))
+        digests_into(k_store, pages, digest_min, digest_max, "torch", rows=digest_rows)
     if host_k is not None:
         num_kv_heads = k_store.shape[1]
         head = torch.arange(num_kv_heads, device=page.device).view(1, -1)

@@ -88,8 +88,9 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
     rows = resident[slots]  # [B, Hkv, R]
     valid = torch.arange(selected.shape[2], device=selected.device) < counts.unsqueeze(-1)
     selected = torch.where(valid, selected, PAD_BLOCK)
-    forced = forced_blocks.unsqueeze(1).expand(-1, rows.shape[1], -1)
-    unforced = torch.where(contains(selected, forced), PAD_BLOCK, selected)
+    if fill or recall == "selected":  # the selection less its forced blocks: what a fill or infinigen brings in
+        forced = forced_blocks.unsqueeze(1).expand(-1, rows.shape[1], -1)
+        unforced = torch.where(contains(selected, forced), PAD_BLOCK, selected)
     if admit:
         rows = _admit(rows, leaving_block, leaving_page, resident_pages, dev_k, dev_v)
     if fill:
@@ -171,7 +172,7 @@ def _copy(applied, src_rows, dst_rows, src_k, src_v, dst_k, dst_v):
     num_kv_heads = dst_k.shape[1]
     scratch = (dst_k.shape[0] - 1) * num_kv_heads
     flat = applied.flatten()
-    src = torch.where(flat, src_rows.flatten(), 0).to(src_k.device)
+    src = torch.where(flat, src_rows.flatten(), 0)
     dst = torch.where(flat, dst_rows.flatten(), scratch)
     for source, target in ((src_k, dst_k), (src_v, dst_v)):
         copy_block_rows(source.flatten(0, 1), src, target.flatten(0, 1), dst, skip_row=scratch)

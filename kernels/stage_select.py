@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from scout_sglang.kernels.checks import check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
+from scout_sglang.kernels.selection import select_topk_into
 from scout_sglang.kernels.step_counters import CHANGED, COMPARED, NUM_COUNTERS, SELECTED
 
 from scout_sglang.layout import PAD_BLOCK
@@ -59,7 +60,7 @@ def select_blocks(scores: torch.Tensor, num_full: torch.Tensor, *, topk: int, nu
                            page_table=page_table, num_tokens=num_tokens, block_size=block_size, pages=out_pages,
                            page_counts=out_page_counts)
         return
-    _select_torch(scores, num_full, topk, num_sink_blocks, num_local_blocks, out_selected, out_counts)
+    select_topk_into(scores, num_full, topk, num_sink_blocks, num_local_blocks, out_selected, out_counts)
     if counters is not None:
         counters[SELECTED] += out_counts.sum(dtype=torch.int32)
     if previous is not None:
@@ -67,23 +68,6 @@ def select_blocks(scores: torch.Tensor, num_full: torch.Tensor, *, topk: int, nu
     if out_pages is not None:
         _quest_pages(out_selected, out_counts, page_table, num_full, num_tokens, block_size, out_pages,
                      out_page_counts)
-
-
-def _select_torch(scores, num_full, topk, sink, local, out_selected, out_counts):
-    batch_size, num_kv_heads, max_blocks = scores.shape
-    position = torch.arange(max_blocks, device=scores.device)
-    n = num_full.unsqueeze(1).long()  # [B, 1]
-    valid = position < n
-    forced = valid & ((position < sink) | (position >= n - local))
-    keyed = scores.masked_fill(forced.unsqueeze(1), float("inf")).masked_fill(~valid.unsqueeze(1), float("-inf"))
-    # A stable descending sort keeps equal keys in block order: the tie-break.
-    order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
-    take = min(topk, max_blocks)
-    counts = num_full.clamp(max=topk).unsqueeze(1).expand(batch_size, num_kv_heads)
-    keep = torch.arange(take, device=scores.device) < counts.unsqueeze(-1)
-    out_selected.fill_(PAD_BLOCK)
-    out_selected[..., :take] = torch.where(keep, order[..., :take].to(torch.int32), PAD_BLOCK)
-    out_counts.copy_(counts)
 
 
 def _count_changes(selected, previous, slots, counters):
@@ -100,7 +84,7 @@ def _count_changes(selected, previous, slots, counters):
 
 
 def _quest_pages(selected, counts, page_table, num_full, num_tokens, block_size, out_pages, out_page_counts):
-    batch_size, num_kv_heads, topk = selected.shape
+    batch_size, _, topk = selected.shape
     pages = page_table.gather(1, selected.clamp(min=0).view(batch_size, -1).long()).view_as(selected)
     last_column = page_table.shape[1] - 1
     tail_page = page_table.gather(1, num_full.clamp(max=last_column).view(-1, 1).long()).view(batch_size, 1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from scout_sglang.kernels.triton.merge import BLOCK_H, merge_tile
 from scout_sglang.kernels.triton.sizes import cdiv, p2
 
 from scout_sglang.handoff_words import (
@@ -122,12 +123,7 @@ def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_
                    tl.load(fb_o_ptr + row * stride_fb_o_row + h[:, None] * stride_fb_o_head + d[None, :],
                            mask=tile & fallback[:, None], other=0.0).to(tl.float32))
     lse_b = tl.where(in_h, lse_b, float("-inf"))
-    m = tl.maximum(lse_a, lse_b)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_a = tl.exp(lse_a - m_safe)
-    w_b = tl.exp(lse_b - m_safe)
-    total = w_a + w_b
-    out = (w_a[:, None] * o_a.to(tl.float32) + w_b[:, None] * o_b) / tl.where(total > 0, total, 1.0)[:, None]
+    out, _ = merge_tile(o_a.to(tl.float32), lse_a, o_b, lse_b)
     tl.store(out_ptr + row * stride_out_row + h[:, None] * stride_out_head + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=tile)
 
@@ -153,7 +149,7 @@ def merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out) -> 
     rows, num_heads, head_dim = o.shape
     if rows == 0:
         return
-    block_h = 8
+    block_h = BLOCK_H
     _merge_cpu_part_kernel[(rows, cdiv(num_heads, block_h))](
         o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out, o.stride(0), o.stride(1), lse.stride(0), cpu_o.stride(0),
         cpu_o.stride(1), cpu_lse.stride(0), fb_o.stride(0), fb_o.stride(1), fb_lse.stride(0), out.stride(0),

@@ -17,7 +17,24 @@ import triton
 import triton.language as tl
 
 # Heads per program: one [BLOCK_H, D] tile of each side.
-_BLOCK_H = 8
+BLOCK_H = 8
+
+
+@triton.jit
+def merge_tile(o_a, lse_a, o_b, lse_b):
+    """(o [BLOCK_H, D] fp32, lse [BLOCK_H]) of two sides' tiles (o fp32, lse natural log, -inf where empty)."""
+    m = tl.maximum(lse_a, lse_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp(lse_a - m_safe)  # 0 for an empty side
+    w_b = tl.exp(lse_b - m_safe)
+    total = w_a + w_b
+    # An empty side contributes exactly nothing, even if its o holds garbage.
+    acc = tl.where((w_a > 0)[:, None], w_a[:, None] * o_a, 0.0)
+    acc += tl.where((w_b > 0)[:, None], w_b[:, None] * o_b, 0.0)
+    has = total > 0
+    o = acc / tl.where(has, total, 1.0)[:, None]
+    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    return o, lse
 
 
 @triton.jit
@@ -58,17 +75,7 @@ def _merge_states_kernel(
         o_b_ptr + row * stride_ob_row + offs_h[:, None] * stride_ob_head + offs_d[None, :], mask=mask, other=0.0
     ).to(tl.float32)
 
-    m = tl.maximum(lse_a, lse_b)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_a = tl.exp(lse_a - m_safe)  # 0 for an empty side
-    w_b = tl.exp(lse_b - m_safe)
-    total = w_a + w_b
-    # An empty side contributes exactly nothing, even if its o holds garbage.
-    acc = tl.where((w_a > 0)[:, None], w_a[:, None] * o_a, 0.0)
-    acc += tl.where((w_b > 0)[:, None], w_b[:, None] * o_b, 0.0)
-    has = total > 0
-    o = acc / tl.where(has, total, 1.0)[:, None]
-    lse = tl.where(has, m_safe + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    o, lse = merge_tile(o_a, lse_a, o_b, lse_b)
 
     tl.store(
         out_o_ptr + row * stride_out_o_row + offs_h[:, None] * stride_out_o_head + offs_d[None, :],
@@ -99,7 +106,7 @@ def merge_states_triton(
     num_rows, num_heads, head_dim = o_a.shape
     if num_rows == 0 or num_heads == 0:
         return
-    grid = (num_rows, triton.cdiv(num_heads, _BLOCK_H))
+    grid = (num_rows, triton.cdiv(num_heads, BLOCK_H))
     _merge_states_kernel[grid](
         o_a,
         lse_a,
@@ -118,6 +125,6 @@ def merge_states_triton(
         out_lse.stride(0),
         num_heads,
         HEAD_DIM=head_dim,
-        BLOCK_H=_BLOCK_H,
+        BLOCK_H=BLOCK_H,
         BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -1,5 +1,6 @@
 """Launch sizes of the fused stages, cached: a decode step launches with the same shapes every layer, and
-triton's own helpers cost dozens of Python lines a call (they are constexpr functions). Host code only."""
+triton's own helpers cost dozens of Python lines a call (they are constexpr functions); and the arguments of a
+disabled branch. Host code only."""
 
 from __future__ import annotations
 
@@ -17,3 +18,8 @@ def p2(n: int) -> int:
 @functools.cache
 def cdiv(a: int, b: int) -> int:
     return triton.cdiv(a, b)
+
+
+def or_unused(tensor, unused, n: int) -> tuple:
+    """(tensor, its first n strides), or a pointer a disabled branch never reads and zero strides."""
+    return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])

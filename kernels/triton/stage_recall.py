@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import DROPPED, RECALLED
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
-from scout_sglang.kernels.triton.sizes import p2
+from scout_sglang.kernels.triton.sizes import or_unused, p2
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -195,11 +195,6 @@ def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_
                 DROPPED_COL=DROPPED)
 
 
-def _or(tensor, unused, n):
-    """(tensor, its first n strides), or a pointer a disabled phase never reads and zero strides."""
-    return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
-
-
 def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected,
                         counts, num_full, forced_blocks, quota, leaving_block, leaving_page, ready, scores,
                         cpu_blocks, cpu_counts, recall_due, recall_beta, admit, fill, recall, counters) -> None:
@@ -210,9 +205,10 @@ def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, 
     config = _config(resident.shape[2], topk, forced_blocks.shape[1], 0 if cpu_blocks is None else cpu_blocks.shape[2],
                      num_kv_heads, dev_k.shape[2], dev_k.shape[3], admit, fill, recall, recall_due is not None)
     (leaving_block, s_lb), (leaving_page, s_lp), (ready, s_ready) = (
-        _or(leaving_block, counts, 1), _or(leaving_page, counts, 1), _or(ready, counts, 1))
+        or_unused(leaving_block, counts, 1), or_unused(leaving_page, counts, 1), or_unused(ready, counts, 1))
     (scores, s_scores), (cpu_blocks, s_cpu_b), (cpu_counts, s_cpu_c), (recall_due, s_due) = (
-        _or(scores, counts, 2), _or(cpu_blocks, counts, 2), _or(cpu_counts, counts, 1), _or(recall_due, counts, 1))
+        or_unused(scores, counts, 2), or_unused(cpu_blocks, counts, 2), or_unused(cpu_counts, counts, 1),
+        or_unused(recall_due, counts, 1))
     _resident_row_kernel[(batch_size, num_kv_heads)](
         resident, slots, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected, counts, num_full,
         forced_blocks, quota, leaving_block, leaving_page, ready, scores, cpu_blocks, cpu_counts, recall_due, counters,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import CPU, DROPPED
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
-from scout_sglang.kernels.triton.sizes import p2
+from scout_sglang.kernels.triton.sizes import or_unused, p2
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -115,11 +115,6 @@ def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lis
                 CPU_COL=CPU, DROPPED_COL=DROPPED)
 
 
-def _or(tensor, unused, n):
-    """(tensor, its first n strides), or a pointer a disabled branch never reads and zero strides."""
-    return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
-
-
 def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,
                        only_selected_resident, out_device_pages, out_device_counts, capacity, out_cpu_blocks,
                        out_cpu_pages, out_cpu_counts, q, out_q, counters) -> None:
@@ -132,10 +127,13 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
     config = _config(topk, window_pages.shape[1], 0 if resident is None else resident.shape[2], capacity,
                      only_selected_resident, cpu_lists, num_qo_heads // num_kv_heads, head_dim)
     (resident_pages, s_rp), (host_table, s_ht), (resident, s_res), (slots, s_slots) = (
-        _or(resident_pages, counts, 1), _or(host_table, counts, 1), _or(resident, counts, 2), _or(slots, counts, 1))
+        or_unused(resident_pages, counts, 1), or_unused(host_table, counts, 1), or_unused(resident, counts, 2),
+        or_unused(slots, counts, 1))
     (out_cpu_blocks, s_cb), (out_cpu_pages, s_cp), (out_cpu_counts, s_cc) = (
-        _or(out_cpu_blocks, counts, 2), _or(out_cpu_pages, counts, 2), _or(out_cpu_counts, counts, 1))
-    (q, s_q), (out_q, s_oq), (counters, _) = _or(q, counts, 2), _or(out_q, counts, 2), _or(counters, counts, 0)
+        or_unused(out_cpu_blocks, counts, 2), or_unused(out_cpu_pages, counts, 2),
+        or_unused(out_cpu_counts, counts, 1))
+    (q, s_q), (out_q, s_oq), (counters, _) = (
+        or_unused(q, counts, 2), or_unused(out_q, counts, 2), or_unused(counters, counts, 0))
     _split_lists_kernel[(batch_size, num_kv_heads)](
         selected, counts, forced_blocks, window_pages, resident_pages, host_table, resident, slots, out_device_pages,
         out_device_counts, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q, counters,

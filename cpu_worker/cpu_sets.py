@@ -117,6 +117,18 @@ def physical_cores(cpus: Iterable[int], topology: dict[int, CpuPlace] | None = N
     return [cores[key] for key in sorted(cores)]
 
 
+def cpus_of_threads(threads: Iterable) -> list[int]:
+    """The CPUs the live ones of these Python threads may run on, read back from the OS."""
+    cpus: set[int] = set()
+    for thread in threads:
+        if thread.is_alive() and thread.native_id is not None and hasattr(os, "sched_getaffinity"):
+            try:
+                cpus |= os.sched_getaffinity(thread.native_id)
+            except OSError:  # the thread ended in between
+                continue
+    return sorted(cpus)
+
+
 def process_cpus() -> list[int]:
     """The CPUs this process may run on."""
     return sorted(os.sched_getaffinity(0))

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from scout_sglang.cpu_worker.checks import check_block_lists
+from scout_sglang.cpu_worker.cpu_sets import cpus_of_threads
 from scout_sglang.cpu_worker.dispatch import make_kernel, select_impl
 from scout_sglang.cpu_worker.faults import FaultInjector, FaultPlan, InjectedThreadExit
 
@@ -81,13 +83,10 @@ class _Job:
 def check_part_row(part: LayerPart, row: int) -> str | None:
     """Why row `row` of a staged part cannot be attended (a count past the capacity, a page outside the store),
     or None."""
-    counts = part.counts[row]
-    capacity, num_pages = part.pages.shape[2], part.k_cache.shape[0]
-    if int(counts.min()) < 0 or int(counts.max()) > capacity:
-        return f"counts {counts.tolist()} outside [0, {capacity}]"
-    listed = part.pages[row][torch.arange(capacity) < counts.unsqueeze(-1)]
-    if listed.numel() and (int(listed.min()) < 0 or int(listed.max()) >= num_pages):
-        return f"a listed page outside [0, {num_pages})"
+    try:
+        check_block_lists(part.pages[row: row + 1], part.counts[row: row + 1], num_pages=part.k_cache.shape[0])
+    except ValueError as error:
+        return f"a list entry is outside its range: {error}"
     return None
 
 
@@ -139,14 +138,7 @@ class FlagWorker:
 
     def thread_cpus(self) -> list[int]:
         """The CPUs the live threads may run on, read back from the OS."""
-        cpus: set[int] = set()
-        for thread in self.threads:
-            if thread.is_alive() and thread.native_id is not None:
-                try:
-                    cpus |= os.sched_getaffinity(thread.native_id)
-                except OSError:  # the thread ended in between
-                    continue
-        return sorted(cpus)
+        return cpus_of_threads(self.threads)
 
     def register_layer(self, index: int, part: LayerPart) -> None:
         with self._lock:

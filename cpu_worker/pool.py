@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from scout_sglang.cpu_worker.checks import check_decode_args
+from scout_sglang.cpu_worker.cpu_sets import cpus_of_threads
 from scout_sglang.cpu_worker.dispatch import make_kernel, select_impl
 from scout_sglang.cpu_worker.errors import CpuAttentionError
 from scout_sglang.cpu_worker.faults import FaultInjector, FaultPlan
@@ -177,14 +178,7 @@ class CpuAttentionPool:
 
     def thread_cpus(self) -> list[int]:
         """The CPUs the pool's live worker threads may run on, read back from the OS."""
-        cpus: set[int] = set()
-        for thread in self.threads:
-            if thread.is_alive() and thread.native_id is not None and hasattr(os, "sched_getaffinity"):
-                try:
-                    cpus |= os.sched_getaffinity(thread.native_id)
-                except OSError:  # the thread ended in between
-                    continue
-        return sorted(cpus)
+        return cpus_of_threads(self.threads)
 
     def submit(
         self,

@@ -93,7 +93,7 @@ class WorkerPool {
       : cpus_(std::move(cpus)), pin_(pin), spin_(std::chrono::duration<double>(spin_s)),
         min_split_blocks_(min_split_blocks) {
     TORCH_CHECK(threads >= 1, "threads must be >= 1, got ", threads);
-    last_kick_ = Clock::now();
+    last_kick_ns_.store(Clock::now().time_since_epoch().count());
     for (int64_t i = 0; i < threads; ++i) {
       alive_.push_back(std::make_unique<std::atomic<bool>>(true));
       tids_.push_back(std::make_unique<std::atomic<int64_t>>(0));
@@ -129,9 +129,9 @@ class WorkerPool {
   // Wake the threads and start a new thread in place of each that ended.
   void kick() {
     std::lock_guard<std::mutex> lock(mu_);
-    last_kick_ = Clock::now();
+    last_kick_ns_.store(Clock::now().time_since_epoch().count());
     for (size_t i = 0; i < threads_.size(); ++i) {
-      if (!alive_[i]->load() && !stop_) {
+      if (!alive_[i]->load() && !stop_.load()) {
         if (threads_[i].joinable()) threads_[i].join();
         alive_[i]->store(true);
         threads_[i] = std::thread(&WorkerPool::loop, this, static_cast<int64_t>(i));
@@ -173,8 +173,8 @@ class WorkerPool {
   void shutdown() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-      stop_ = true;
+      if (stop_.load()) return;
+      stop_.store(true);
       cv_.notify_all();
     }
     for (auto& t : threads_) {
@@ -265,8 +265,8 @@ class WorkerPool {
       }
       if (rung || runnable_.load() > 0) {
         std::unique_lock<std::mutex> lock(mu_);
-        if (stop_) break;
-        collect_doorbells();
+        if (stop_.load()) break;
+        if (rung) collect_doorbells();
         Taken taken{nullptr, nullptr, 0, false};
         if (take(taken)) {
           lock.unlock();
@@ -278,19 +278,15 @@ class WorkerPool {
         }
         continue;
       }
-      const auto now = Clock::now();
-      Clock::time_point kicked;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_) break;
-        kicked = last_kick_;
-      }
-      if (now - std::max(last_work, kicked) < spin_) {
+      // Idle: spin without the lock (the busy threads take it per item), then sleep until a kick.
+      if (stop_.load()) break;
+      const Clock::time_point kicked{Clock::duration(last_kick_ns_.load())};
+      if (Clock::now() - std::max(last_work, kicked) < spin_) {
         _mm_pause();
         continue;
       }
       std::unique_lock<std::mutex> lock(mu_);
-      if (stop_) break;
+      if (stop_.load()) break;
       cv_.wait_for(lock, std::chrono::milliseconds(1));
     }
     alive_[id]->store(false);
@@ -317,7 +313,7 @@ class WorkerPool {
       job.partial_lse.resize(slots);
       job.items = static_cast<int64_t>(job.plan.items.size());
       job.left = job.items;
-      jobs_.push_back(job);
+      jobs_.push_back(std::move(job));
     }
     // Empty parts finish at once; stale jobs with nothing in flight are dropped.
     for (auto& job : jobs_) {
@@ -492,8 +488,8 @@ class WorkerPool {
   std::list<Job> jobs_;
   std::vector<int64_t> busy_layers_;  // take()'s scratch
   std::atomic<int64_t> runnable_{0};
-  Clock::time_point last_kick_;
-  bool stop_ = false;
+  std::atomic<Clock::rep> last_kick_ns_{0};  // the last kick's time_since_epoch, read by idle threads unlocked
+  std::atomic<bool> stop_{false};
   int64_t replaced_ = 0;
   FaultPlanDraws faults_;
   std::mt19937_64 random_{0};

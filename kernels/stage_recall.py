@@ -9,7 +9,8 @@ One call runs the phases a layer needs at that point of the step, in order:
                                                  window does not hold; victims in slot order
     recall  "selected" (infinigen, before its attention): the same candidates, victims by score;
             "cpu" (scout, after its attention): the CPU list, when recall is due (interval: `recall_due`;
-            adaptive: the CPU's share of the request's selection, over its KV heads, passed recall_beta)
+            adaptive: the CPU's share of the request's selection, over its KV heads, passed recall_beta),
+            less what the brake holds back (kernels.recall_brake: hysteresis, back-off)
 
 Victims: empty slots first, then blocks outside the current selection, lowest
 score first, ties to the lower slot. Candidates enter best first, at most
@@ -28,6 +29,7 @@ import torch
 from scout_sglang.kernels.block_copy import copy_block_rows
 from scout_sglang.kernels.checks import check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
+from scout_sglang.kernels.recall_brake import BRAKE_WORDS, RUN_LIMIT, RecallBrake, brake_candidates, note_recall
 from scout_sglang.kernels.stage_split import contains
 from scout_sglang.kernels.step_counters import DROPPED, NUM_COUNTERS, RECALLED
 
@@ -43,8 +45,8 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
              leaving_page: torch.Tensor | None = None, fill: bool = False, ready: torch.Tensor | None = None,
              recall: str | None = None, scores: torch.Tensor | None = None, cpu_blocks: torch.Tensor | None = None,
              cpu_counts: torch.Tensor | None = None, recall_due: torch.Tensor | None = None,
-             recall_beta: float = 0.0, counters: torch.Tensor | None = None, impl: str | None = None,
-             validate: bool = True) -> None:
+             recall_beta: float = 0.0, brake: RecallBrake | None = None, counters: torch.Tensor | None = None,
+             impl: str | None = None, validate: bool = True) -> None:
     """Update the resident rows of a batch and copy the blocks that enter them.
 
     Parameters
@@ -63,14 +65,16 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
     recall, scores, cpu_blocks, cpu_counts, recall_due, recall_beta : the recall phase (RECALL_KINDS):
         scores [B, Hkv, NB] fp32; "cpu" also takes cpu_blocks [B, Hkv, C] int32, cpu_counts [B, Hkv] int32 and
         either recall_due [B] (interval; nonzero: due) or recall_beta (adaptive)
+    brake : recall "cpu" only: the hysteresis and back-off of kernels.recall_brake (None: neither); the quota is
+        then the row's recall cap this step
     counters : optional [NUM_COUNTERS] int32 row: RECALLED (recall), DROPPED (recall "selected": candidates left
-        out) are added
+        out), WITHHELD and BACKED_OFF (brake) are added
     validate : check the arguments (the decode step checks its static buffers once and passes False)
     """
     if validate:
         _check(resident, slots, resident_pages, host_table, host_k, dev_k, selected, counts, num_full, forced_blocks,
                quota, admit, leaving_block, leaving_page, fill, ready, recall, scores, cpu_blocks, cpu_counts,
-               counters)
+               brake, counters)
     if select_impl("bring_in", dev_k.device.type, impl) == "triton":
         from scout_sglang.kernels.triton.stage_recall import resident_row_triton
 
@@ -81,8 +85,9 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
                             ready=ready if fill else None, scores=scores if recall else None,
                             cpu_blocks=cpu_blocks if recall == "cpu" else None,
                             cpu_counts=cpu_counts if recall == "cpu" else None,
-                            recall_due=recall_due if recall == "cpu" else None, recall_beta=recall_beta, admit=admit,
-                            fill=fill, recall=recall, counters=counters)
+                            recall_due=recall_due if recall == "cpu" else None, recall_beta=recall_beta,
+                            brake=brake if recall == "cpu" else None, admit=admit, fill=fill, recall=recall,
+                            counters=counters)
         return
     slots = slots.long()
     rows = resident[slots]  # [B, Hkv, R]
@@ -101,6 +106,7 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
                                      host_v, dev_k, dev_v)
         ready.index_copy_(0, slots, ((flags != 0) | pending).to(ready.dtype))
     if recall is not None:
+        state = None
         if recall == "selected":
             candidates = unforced
         else:
@@ -112,8 +118,14 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
                 due = (num_selected > 0) & (share > recall_beta)
             listed = torch.arange(cpu_blocks.shape[2], device=cpu_blocks.device) < cpu_counts.unsqueeze(-1)
             candidates = torch.where(listed & due.view(-1, 1, 1), cpu_blocks, PAD_BLOCK)
+            if brake is not None:
+                candidates, quota, state = brake_candidates(candidates, quota, brake=brake, slots=slots,
+                                                            selected=selected, valid=valid, counts=counts,
+                                                            cpu_counts=cpu_counts, counters=counters)
         rows, moved = _bring_in_and_copy(rows, candidates, selected, scores, quota, host_table, resident_pages,
                                          host_k, host_v, dev_k, dev_v)
+        if brake is not None:
+            note_recall(brake, slots, state, moved, counts, cpu_counts)
         if counters is not None:
             counters[RECALLED] += moved.sum(dtype=torch.int32)
             if recall == "selected":
@@ -179,7 +191,8 @@ def _copy(applied, src_rows, dst_rows, src_k, src_v, dst_k, dst_v):
 
 
 def _check(resident, slots, resident_pages, host_table, host_k, dev_k, selected, counts, num_full, forced_blocks,
-           quota, admit, leaving_block, leaving_page, fill, ready, recall, scores, cpu_blocks, cpu_counts, counters):
+           quota, admit, leaving_block, leaving_page, fill, ready, recall, scores, cpu_blocks, cpu_counts, brake,
+           counters):
     index, rows = (torch.int32,), "rows"
     check_tensor("resident", resident, ndim=3, dtypes=index, contiguous=rows)
     device = resident.device
@@ -220,6 +233,26 @@ def _check(resident, slots, resident_pages, host_table, host_k, dev_k, selected,
         check_tensor("scores", scores, ndim=3, dtypes=(torch.float32,), device=device, contiguous=rows)
         if recall == "cpu" and (cpu_blocks is None or cpu_counts is None):
             raise ValueError('recall "cpu" needs cpu_blocks and cpu_counts')
+    if brake is not None:
+        _check_brake(brake, resident, host_table, batch_size, device)
     if counters is not None:
         check_tensor("counters", counters, dtypes=index, device=device)
         check_shape("counters", counters, (NUM_COUNTERS,))
+
+
+def _check_brake(brake, resident, host_table, batch_size, device):
+    if brake.runs is not None:
+        check_tensor("brake.runs", brake.runs, ndim=3, dtypes=(torch.int32,), device=device, contiguous="rows")
+        if brake.runs.shape[:2] != resident.shape[:2] or brake.runs.shape[2] < host_table.shape[1] + 1:
+            raise ValueError(f"brake.runs must be [{resident.shape[0]}, {resident.shape[1]}, >= NB + 1 = "
+                             f"{host_table.shape[1] + 1}], got {tuple(brake.runs.shape)}")
+        if not 1 <= brake.min_selected <= RUN_LIMIT:
+            raise ValueError(f"brake.min_selected must be in [1, {RUN_LIMIT}], got {brake.min_selected}")
+    if brake.state is not None:
+        check_tensor("brake.state", brake.state, ndim=3, dtypes=(torch.int32,), device=device, contiguous="rows")
+        check_shape("brake.state", brake.state, (*resident.shape[:2], BRAKE_WORDS))
+        if brake.max_backoff < 0:
+            raise ValueError(f"brake.max_backoff must be >= 0, got {brake.max_backoff}")
+    check_tensor("brake.positions", brake.positions, ndim=1, dtypes=(torch.int32, torch.int64), device=device,
+                 contiguous=False)
+    check_shape("brake.positions", brake.positions, (batch_size,))

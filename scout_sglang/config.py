@@ -14,6 +14,8 @@ MODES = ("full", "quest", "infinigen", "hgca", "scout")
 RECALL_POLICIES = ("interval", "adaptive", "off")
 KERNEL_IMPLS = (None, "flashinfer", "triton", "torch")
 CPU_IMPLS = ("auto", "native", "torch")
+MAX_SELECTION_RUN = 255  # a block's run of consecutive selections is counted in 8 bits (kernels.recall_brake)
+MAX_BACKOFF = 16
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,14 @@ class ScoutConfig:
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
     recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
+    recall_min_selected: int = 2  # hysteresis: a block is recalled once selected in this many consecutive steps (1: off)
+    recall_brake: bool = True  # a row whose recall did not lower its CPU share backs off (docs/algorithm.md)
+    recall_max_backoff: int = 6  # brake levels: a row at level n recalls at most every 2^n steps, cap / 2^n blocks
+    # Recall traffic per decode step, all layers together; None: recall_link_gbps x recall_link_share x the step time
+    # the engine measures.
+    recall_bytes_per_step: int | None = None
+    recall_link_gbps: float = 25.0  # host-to-device bandwidth the cap assumes, GB/s (PCIe 4.0 x16 ~25, 5.0 ~50)
+    recall_link_share: float = 0.1  # share of a step's time that recall traffic may take on that link
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
     cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core (of the rank's share with tensor parallelism)
     cpu_threads_per_group: int = 1  # threads per CPU worker group (a group works on one sequence at a time)
@@ -116,6 +126,16 @@ class ScoutConfig:
             out.append(f"recall_intervals must all be >= 1, got {self.recall_intervals}")
         if not 0.0 < self.recall_beta < 1.0:
             out.append(f"recall_beta must be in (0, 1), got {self.recall_beta}")
+        if not 1 <= self.recall_min_selected <= MAX_SELECTION_RUN:
+            out.append(f"recall_min_selected must be in [1, {MAX_SELECTION_RUN}], got {self.recall_min_selected}")
+        if not 0 <= self.recall_max_backoff <= MAX_BACKOFF:
+            out.append(f"recall_max_backoff must be in [0, {MAX_BACKOFF}], got {self.recall_max_backoff}")
+        if self.recall_bytes_per_step is not None and self.recall_bytes_per_step < 0:
+            out.append(f"recall_bytes_per_step must be >= 0 or None, got {self.recall_bytes_per_step}")
+        if not self.recall_link_gbps > 0:
+            out.append(f"recall_link_gbps must be > 0, got {self.recall_link_gbps}")
+        if not 0.0 < self.recall_link_share <= 1.0:
+            out.append(f"recall_link_share must be in (0, 1], got {self.recall_link_share}")
         return out
 
     def replace(self, **changes) -> ScoutConfig:

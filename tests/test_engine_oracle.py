@@ -51,6 +51,19 @@ def test_every_decision_and_output_matches_the_oracle(mode, shape_name):
     if mode in ("scout", "infinigen"):
         assert report.predicted_layers > 0 and report.first_fills > 0 and report.admitted_blocks > 0
         assert report.recalled_blocks > 0
+    if mode == "scout":  # random keys churn: the hysteresis and the brake both act
+        assert report.withheld_blocks > 0 and report.backed_off_rows > 0
+
+
+@pytest.mark.parametrize("shape_name", sorted(SHAPES))
+@pytest.mark.parametrize("overrides, exercised", [
+    (dict(recall_bytes_per_step=8192), "capped_blocks"),  # 2 blocks per layer and step: fewer than the rows
+    (dict(recall_min_selected=1, recall_brake=False), "recalled_blocks"),  # recall as it was: neither rule
+    (dict(recall_min_selected=3, recall_max_backoff=1), "withheld_blocks"),
+])
+def test_scout_recall_under_its_cap_hysteresis_and_brake_settings(shape_name, overrides, exercised):
+    report = run_checked("scout", shape_name, **overrides)
+    assert getattr(report, exercised) > 0 and report.recalled_blocks > 0
 
 
 @pytest.mark.parametrize("mode", ["scout", "hgca"])

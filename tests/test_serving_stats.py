@@ -19,3 +19,25 @@ def test_cosines_are_summed_on_the_device_and_read_once_by_a_report():
 
 def test_no_cosine_reports_none():
     assert ServingStats().report({})["predicted_query_cosine"] is None
+
+
+def telemetry_of(*, steps, cpu, budget, recall_bytes, cap, backed_off, rows):
+    from scout_sglang.core.telemetry import StepTelemetry
+
+    telemetry = StepTelemetry(0, 2, steps=steps, recall_cap_bytes=cap)
+    layer = telemetry.layer(1)
+    layer.cpu_blocks, layer.budget_blocks, layer.recall_bytes = cpu, budget, recall_bytes
+    layer.backed_off_rows, layer.recall_rows, layer.withheld_blocks = backed_off, rows, 3 * steps
+    return telemetry
+
+
+def test_the_recall_section_looks_at_the_recent_steps_only():
+    stats = ServingStats()
+    for _ in range(100):  # thrash long ago: everything on the CPU, recall at its cap
+        stats.add_step(telemetry_of(steps=1, cpu=64, budget=64, recall_bytes=1000, cap=1000, backed_off=0, rows=8))
+    for _ in range(64):  # now: settled, the brake holds half the rows
+        stats.add_step(telemetry_of(steps=2, cpu=8, budget=128, recall_bytes=100, cap=2000, backed_off=8, rows=16))
+    recall = stats.report({})["recall"]
+    assert recall == {"recent_steps": 128, "recent_cpu_ratio": 0.0625, "bytes_per_step": 50, "cap_bytes_per_step": 1000,
+                      "withheld_blocks_per_step": 3.0, "backed_off_fraction": 0.5}
+    assert stats.report({})["cpu_ratio"] == round((100 * 64 + 64 * 8) / (100 * 64 + 64 * 128), 4)  # since start-up

@@ -6,7 +6,8 @@ and applies, in order, the phases the launch enables:
 
     admit   the block leaving the local window takes the first empty slot (copied from its window page)
     fill    at the row's first selection: the selected blocks the window does not hold (slot order victims)
-    recall  infinigen: the same candidates by score; scout: the CPU list, when recall is due
+    recall  infinigen: the same candidates by score; scout: the CPU list, when recall is due, less what the
+            brake holds back (kernels.recall_brake, whose torch rules are repeated here)
 
 Victims of fill and recall: empty slots first, then blocks outside the current
 selection by score ascending (fill: by slot), ties to the lower slot; the
@@ -26,7 +27,8 @@ import functools
 
 import triton
 import triton.language as tl
-from scout_sglang.kernels.step_counters import DROPPED, RECALLED
+from scout_sglang.kernels.recall_brake import RUN_BITS, RUN_LIMIT
+from scout_sglang.kernels.step_counters import BACKED_OFF, DROPPED, RECALLED, WITHHELD
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
 from scout_sglang.kernels.triton.sizes import or_unused, p2
 
@@ -79,18 +81,21 @@ def _bring_in(row, slots_r, candidates, selected, sel_valid, vscore, quota, R: t
 def _resident_row_kernel(
     resident_ptr, slots_ptr, resident_pages_ptr, host_table_ptr, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
     selected_ptr, counts_ptr, num_full_ptr, forced_ptr, quota_ptr, leaving_block_ptr, leaving_page_ptr, ready_ptr,
-    scores_ptr, cpu_blocks_ptr, cpu_counts_ptr, due_ptr, counters_ptr,
+    scores_ptr, cpu_blocks_ptr, cpu_counts_ptr, due_ptr, runs_ptr, brake_ptr, positions_ptr, counters_ptr,
     stride_res_slot, stride_res_head, stride_slots, stride_res_pages_batch, stride_host_table_batch,
     stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head, stride_dev_tok,
     stride_sel_batch, stride_sel_head, stride_counts_batch, stride_num_full, stride_forced_batch, stride_quota_batch,
     stride_leaving_block, stride_leaving_page, stride_ready_slot, stride_scores_batch, stride_scores_head,
-    stride_cpu_blocks_batch, stride_cpu_blocks_head, stride_cpu_counts_batch, stride_due,
+    stride_cpu_blocks_batch, stride_cpu_blocks_head, stride_cpu_counts_batch, stride_due, stride_runs_slot,
+    stride_runs_head, stride_brake_slot, stride_brake_head, stride_positions,
     recall_beta,
     R: tl.constexpr, R_P2: tl.constexpr, TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr,
     CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SIZE_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     ADMIT: tl.constexpr, FILL: tl.constexpr, RECALL: tl.constexpr, DUE: tl.constexpr, PAD: tl.constexpr,
-    RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+    HYSTERESIS: tl.constexpr, MIN_SELECTED: tl.constexpr, BRAKE: tl.constexpr, MAX_BACKOFF: tl.constexpr,
+    RUN_BITS: tl.constexpr, RUN_LIMIT: tl.constexpr, RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+    WITHHELD_COL: tl.constexpr, BACKED_OFF_COL: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -157,11 +162,44 @@ def _resident_row_kernel(
             listed = (lanes < cpu_count) & ((lanes * 0 + due.to(tl.int32)) != 0)
             candidates = tl.load(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head
                                  + lanes, mask=listed, other=PAD)
+            if BRAKE:  # kernels.recall_brake: judge the last recall; wait, or recall at most quota >> level
+                brake_row = brake_ptr + slot * stride_brake_slot + head * stride_brake_head
+                level = tl.load(brake_row + 0)
+                wait = tl.load(brake_row + 1)
+                cpu_before = tl.load(brake_row + 2)
+                selected_before = tl.load(brake_row + 3)
+                moved = tl.load(brake_row + 4)
+                judged = moved > 0
+                paid = 2 * (cpu_before * count - cpu_count * selected_before) >= moved * count
+                level = tl.where(judged, tl.where(paid, 0, tl.minimum(level + 1, MAX_BACKOFF)), level)
+                wait = tl.where(judged, (1 << level) - 1, tl.maximum(wait - 1, 0))
+                candidates = tl.where((lanes * 0 + wait) == 0, candidates, PAD)
+                quota = tl.where(level > 0, tl.where(quota > 0, tl.maximum(quota >> level, 1), 0), quota)
+                tl.atomic_add(counters_ptr + BACKED_OFF_COL, (level > 0).to(tl.int32))
+            if HYSTERESIS:  # each selected block's run of consecutive selections; candidates need MIN_SELECTED
+                position = tl.load(positions_ptr + batch * stride_positions).to(tl.int32)
+                runs_row = runs_ptr + slot * stride_runs_slot + head * stride_runs_head
+                word = tl.load(runs_row + selected, mask=sel_valid, other=-1)
+                run = tl.where((word >> RUN_BITS) == position - 1, tl.minimum((word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
+                tl.store(runs_row + selected, (position << RUN_BITS) | run, mask=sel_valid)
+                match = (candidates[:, None] == selected[None, :]) & sel_valid[None, :]  # [C, K]
+                lasting = tl.sum(tl.where(match, run[None, :], 0), axis=1) >= MIN_SELECTED
+                withheld = (candidates != PAD) & ~lasting
+                tl.atomic_add(counters_ptr + WITHHELD_COL, tl.sum(withheld.to(tl.int32), axis=0))
+                candidates = tl.where(lasting, candidates, PAD)
         row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, vscore, quota, R, PAD)
         _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
                     dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
                     stride_dev_head, stride_dev_tok, tile, s, d)
-        tl.atomic_add(counters_ptr + RECALLED_COL, tl.sum(applied.to(tl.int32), axis=0))
+        num_applied = tl.sum(applied.to(tl.int32), axis=0)
+        tl.atomic_add(counters_ptr + RECALLED_COL, num_applied)
+        if RECALL == 2 and BRAKE:  # remembered for the next step's judgement
+            made = num_applied > 0
+            tl.store(brake_row + 0, level)
+            tl.store(brake_row + 1, wait)
+            tl.store(brake_row + 2, tl.where(made, cpu_count, cpu_before))
+            tl.store(brake_row + 3, tl.where(made, count, selected_before))
+            tl.store(brake_row + 4, num_applied)
         if RECALL == 1:
             left_out = (candidates != PAD) & ~contains(candidates, row, row != PAD)
             tl.atomic_add(counters_ptr + DROPPED_COL, tl.sum(left_out.to(tl.int32), axis=0))
@@ -186,33 +224,43 @@ def _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr,
 
 
 @functools.cache
-def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_dim, admit, fill, recall, interval):
+def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_dim, admit, fill, recall, interval,
+            hysteresis, min_selected, brake, max_backoff):
     return dict(R=num_resident, R_P2=p2(num_resident), TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width),
                 CAPACITY=capacity, CAPACITY_P2=p2(capacity), NUM_KV_HEADS=num_kv_heads, HEADS_P2=p2(num_kv_heads),
                 BLOCK_SIZE=block_size, SIZE_P2=p2(block_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), ADMIT=admit,
                 FILL=fill, RECALL={None: RECALL_NONE, "selected": RECALL_SELECTED, "cpu": RECALL_CPU}[recall],
-                DUE=DUE_INTERVAL if interval else DUE_ADAPTIVE, PAD=PAD_BLOCK, RECALLED_COL=RECALLED,
-                DROPPED_COL=DROPPED)
+                DUE=DUE_INTERVAL if interval else DUE_ADAPTIVE, PAD=PAD_BLOCK, HYSTERESIS=hysteresis,
+                MIN_SELECTED=min_selected, BRAKE=brake, MAX_BACKOFF=max_backoff, RUN_BITS=RUN_BITS,
+                RUN_LIMIT=RUN_LIMIT, RECALLED_COL=RECALLED, DROPPED_COL=DROPPED, WITHHELD_COL=WITHHELD,
+                BACKED_OFF_COL=BACKED_OFF)
 
 
 def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected,
                         counts, num_full, forced_blocks, quota, leaving_block, leaving_page, ready, scores,
-                        cpu_blocks, cpu_counts, recall_due, recall_beta, admit, fill, recall, counters) -> None:
+                        cpu_blocks, cpu_counts, recall_due, recall_beta, brake, admit, fill, recall, counters) -> None:
     """Launch the resident-buffer stage; arguments as stage_recall.bring_in (validated there)."""
     batch_size, num_kv_heads, topk = selected.shape
     if batch_size == 0:
         return
+    runs, state = (None, None) if brake is None else (brake.runs, brake.state)
     config = _config(resident.shape[2], topk, forced_blocks.shape[1], 0 if cpu_blocks is None else cpu_blocks.shape[2],
-                     num_kv_heads, dev_k.shape[2], dev_k.shape[3], admit, fill, recall, recall_due is not None)
+                     num_kv_heads, dev_k.shape[2], dev_k.shape[3], admit, fill, recall, recall_due is not None,
+                     runs is not None, 1 if brake is None else brake.min_selected, state is not None,
+                     0 if brake is None else brake.max_backoff)
     (leaving_block, s_lb), (leaving_page, s_lp), (ready, s_ready) = (
         or_unused(leaving_block, counts, 1), or_unused(leaving_page, counts, 1), or_unused(ready, counts, 1))
     (scores, s_scores), (cpu_blocks, s_cpu_b), (cpu_counts, s_cpu_c), (recall_due, s_due) = (
         or_unused(scores, counts, 2), or_unused(cpu_blocks, counts, 2), or_unused(cpu_counts, counts, 1),
         or_unused(recall_due, counts, 1))
+    (runs, s_runs), (state, s_state), (positions, s_positions) = (
+        or_unused(runs, counts, 2), or_unused(state, counts, 2),
+        or_unused(None if brake is None else brake.positions, counts, 1))
     _resident_row_kernel[(batch_size, num_kv_heads)](
         resident, slots, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected, counts, num_full,
-        forced_blocks, quota, leaving_block, leaving_page, ready, scores, cpu_blocks, cpu_counts, recall_due, counters,
+        forced_blocks, quota, leaving_block, leaving_page, ready, scores, cpu_blocks, cpu_counts, recall_due, runs,
+        state, positions, counters,
         *resident.stride()[:2], slots.stride(0), resident_pages.stride(0), host_table.stride(0),
         *host_k.stride()[:3], *dev_k.stride()[:3], *selected.stride()[:2], counts.stride(0), num_full.stride(0),
         forced_blocks.stride(0), quota.stride(0), *s_lb, *s_lp, *s_ready, *s_scores, *s_cpu_b, *s_cpu_c, *s_due,
-        float(recall_beta), **config)
+        *s_runs, *s_state, *s_positions, float(recall_beta), **config)

@@ -33,6 +33,7 @@ import torch
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.cpu_handoff import CpuHandoff
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
+from scout_sglang.core.recall_budget import RecallBudget
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_buffers import StepBuffers
 from scout_sglang.core.step_plan import (
@@ -117,11 +118,15 @@ class CoAttentionEngine:
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
                                           max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,
                                           dtype=dtype, device=self.device, with_digests=config.mode == "quest")
+        # scout's recall, with its brake (kernels.recall_brake) and cap (recall_budget.py)
+        recalls = (config.mode == "scout" and config.recall_policy != "off" and config.resident_capacity > 0
+                   and bool(self.offloaded_layers))
         self.offloaded = OffloadedStore(
             self.offloaded_layers, num_host_pages=pages, max_requests=max_requests, max_blocks=self.max_blocks,
             shape=shape, block_size=self.block_size, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
             device=self.device, borrowed=host_store,
+            selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
@@ -154,6 +159,9 @@ class CoAttentionEngine:
                                       scale=shape.softmax_scale, worker=self.cpu_worker,
                                       deadline_s=cpu_deadline_ms / 1e3, impl=self.decode_impl, health=cpu_health,
                                       workspace=self.buffers.workspace)
+        self.recall_budget = RecallBudget(
+            config, block_bytes=self.offloaded.block_bytes_per_head(self.offloaded_layers[0]),
+            num_layers=len(self.offloaded_layers)) if recalls else None
         self._plan_buffer = PlanBuffer(self.device, max_requests, self._max_plan_width(window))
         self.stages = LayerStages(self)
         self.plan: StepPlan | None = None
@@ -182,7 +190,7 @@ class CoAttentionEngine:
         width = 5  # slots, num_tokens, num_full, last_len, append_offset
         if self.offloaded_layers:
             width += self.max_blocks + 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
-            width += len(self.offloaded_layers)  # recall_due
+            width += len(self.offloaded_layers) + self.shape.num_kv_heads  # recall_due, recall_cap
         if self.full_layers:
             width += self.max_blocks + 3
         return width
@@ -358,12 +366,16 @@ class CoAttentionEngine:
             if self.offloaded_layers:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
         self._seq = self._seq % SEQ_LIMIT + 1
+        if self.recall_budget is not None:
+            self.recall_budget.observe_step()
         bypass = self.handoff is not None and not self.handoff.use_worker()
         self.plan = self._build_plan(rows, bypass)
         if self.handoff is not None:
             self.handoff.begin_step()
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
+        if self.recall_budget is not None and rids:
+            self.telemetry.recall_cap_bytes += self.recall_budget.cap_bytes()
         if self.trace is not None:
             self.trace.begin_step()
         return self.plan
@@ -375,7 +387,9 @@ class CoAttentionEngine:
             padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads, width=self._width,
             offloaded=self.offloaded if self.offloaded_layers else None,
             full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
-            recall_quota=config.recall_quota)
+            recall_quota=config.recall_quota,
+            recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
+                len(batch), self.shape.num_kv_heads, self._step_index))
         header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
         heads = self.shape.num_kv_heads
         plan = StepPlan(batch_size=len(batch), rows=rows, rids=[s.rid for s in batch], seq=self._seq, bypass=bypass,
@@ -435,6 +449,8 @@ class CoAttentionEngine:
         budget = self.config.topk_blocks * self.shape.num_kv_heads * len(self._batch)
         for layer in self._selects:
             self.telemetry.layer(layer).budget_blocks += budget
+            if self.recall_budget is not None and layer in self.offloaded_layers:
+                self.telemetry.layer(layer).recall_rows += self.shape.num_kv_heads * len(self._batch)
         if self.handoff is not None:
             for layer in self.handoff.layers:
                 self.telemetry.layer(layer).cpu_launched_ahead |= layer in self._predicted

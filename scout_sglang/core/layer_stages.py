@@ -14,7 +14,7 @@ offloaded layer (scout shown; the other modes drop stages):
       append    the token; a completed block's digest and host copy            kernels.stage_append
       decode    resident blocks + window -> (o, lse)                           kernels.sparse_decode
       resolve   wait (deadline), fallback if the worker failed, merge          cpu_handoff
-      recall    CPU-list blocks into the resident buffer, when due             kernels.stage_recall
+      recall    CPU-list blocks into the resident buffer, when due, braked     kernels.stage_recall
 
 A device-full layer (dense layers; modes full and quest) appends, (quest)
 scores and selects with the page list, and decodes. Every call passes
@@ -29,6 +29,7 @@ import torch
 
 from scout_sglang import kernels
 from scout_sglang.core.launch_program import LaunchPrograms
+from scout_sglang.kernels.recall_brake import RecallBrake
 from scout_sglang.kernels.stage_append import append_token
 from scout_sglang.kernels.stage_recall import bring_in
 from scout_sglang.kernels.stage_select import select_blocks
@@ -153,17 +154,21 @@ class LayerStages:
     def _bring_in(self, layer: int, scores: torch.Tensor, *, admit=False, fill=False, recall=None) -> None:
         plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
         cpu = recall == "cpu"
+        brake = RecallBrake(store.recall_runs.get(layer), store.recall_state.get(layer), plan.num_tokens,
+                            min_selected=self.config.recall_min_selected,
+                            max_backoff=self.config.recall_max_backoff) if cpu else None
         bring_in(store.resident_map[layer], plan.slots, resident_pages=plan.resident_pages, host_table=plan.host_table,
                  host_k=store.host_k[layer], host_v=store.host_v[layer], dev_k=store.dev_k[layer],
                  dev_v=store.dev_v[layer], selected=chosen.selected[:rows], counts=chosen.counts[:rows],
-                 num_full=plan.num_full, forced_blocks=plan.forced_blocks, quota=plan.recall_quota, admit=admit,
+                 num_full=plan.num_full, forced_blocks=plan.forced_blocks,
+                 quota=plan.recall_cap if cpu else plan.recall_quota, admit=admit,
                  leaving_block=plan.leaving_block, leaving_page=plan.leaving_page, fill=fill,
                  ready=store.resident_ready[layer], recall=recall, scores=scores,
                  cpu_blocks=chosen.cpu_blocks[:rows] if cpu else None,
                  cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
                  recall_due=plan.recall_due[:, self.recall_index[layer]] if cpu and plan.recall_due is not None else None,
-                 recall_beta=self.config.recall_beta, counters=self.buffers.counters[layer], impl=self.stage_impl,
-                 validate=False)
+                 recall_beta=self.config.recall_beta, brake=brake, counters=self.buffers.counters[layer],
+                 impl=self.stage_impl, validate=False)
 
     # -- device-full layers ------------------------------------------------------------
     def attend_full(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

@@ -65,6 +65,7 @@ class StepPlan:
     leaving_page: torch.Tensor | None = None  # [rows] its window page (its ring slot is rewritten one block later)
     recall_due: torch.Tensor | None = None  # [rows, L_offloaded] interval recall due this step (nonzero)
     recall_quota: torch.Tensor | None = None  # [rows, Hkv] blocks one resident row may take in per phase
+    recall_cap: torch.Tensor | None = None  # [rows, Hkv] blocks scout's recall may move per row (recall_budget.py)
     # device-full layers (full, quest, dense layers)
     full_table: torch.Tensor | None = None  # [rows, NB] device page of each block
     num_blocks: torch.Tensor | None = None  # [rows] blocks including the partial tail
@@ -160,12 +161,13 @@ class PlanBuffer:
 
 
 def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int, config,
-                num_kv_heads: int, width, offloaded, full_store, offloaded_layers, recall_quota: int):
+                num_kv_heads: int, width, offloaded, full_store, offloaded_layers, recall_quota: int,
+                recall_cap: torch.Tensor | None = None):
     """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
     width(needed) gives a page table's column count; offloaded / full_store: the engine's stores, or None
-    where it has no layer of that kind."""
+    where it has no layer of that kind. recall_cap: [B, Hkv] scout's recall caps, or None (no recall)."""
     size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
     after = torch.tensor(num_tokens, dtype=torch.long)
     slot_index = torch.tensor(slots, dtype=torch.long)
@@ -199,6 +201,9 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
                        resident_pages=offloaded.device_scratch_page, window_append_page=offloaded.device_scratch_page,
                        fill_host_row=offloaded.host_scratch_page, leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
                        recall_quota=0)
+        if recall_cap is not None:
+            fields["recall_cap"] = recall_cap
+            padding["recall_cap"] = 0
         if config.recall_policy == "interval":
             step = torch.tensor(steps, dtype=torch.long).view(-1, 1)
             intervals = torch.tensor([config.interval_for_layer(layer) for layer in offloaded_layers]).view(1, -1)

@@ -43,6 +43,7 @@ from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry
 from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
+from scout_sglang.kernels.recall_brake import NO_RUN, new_runs, new_state
 from scout_sglang.layout import PAD_BLOCK
 
 
@@ -208,7 +209,7 @@ class OffloadedStore:
 
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
-                 borrowed: BorrowedHostStore | None = None):
+                 borrowed: BorrowedHostStore | None = None, selection_runs: bool = False, recall_brake: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -261,6 +262,12 @@ class OffloadedStore:
         # 1 once a (slot, KV head) row has had its first fill: one word per row, so each program owns its own.
         self.resident_ready = {layer: torch.zeros(max_requests + 1, num_kv_heads, dtype=torch.int8, device=device)
                                for layer in self.layers}
+        # Recall's brake (kernels.recall_brake), per (slot, KV head) row: each block's run of selections, and the
+        # row's back-off state.
+        self.recall_runs = {layer: new_runs(max_requests + 1, num_kv_heads, max_blocks, device)
+                            for layer in (self.layers if selection_runs else ())}
+        self.recall_state = {layer: new_state(max_requests + 1, num_kv_heads, device)
+                             for layer in (self.layers if recall_brake else ())}
 
     # -- per-request pages -------------------------------------------------
     def admit(self, rid: int, slot: int) -> None:
@@ -270,6 +277,10 @@ class OffloadedStore:
         for layer in self.layers:
             self.resident_map[layer][slot] = PAD_BLOCK
             self.resident_ready[layer][slot] = 0
+        for runs in self.recall_runs.values():
+            runs[slot] = NO_RUN
+        for state in self.recall_state.values():
+            state[slot] = 0
 
     def release(self, rid: int, slot: int) -> None:
         self.host_tables.release(rid, slot)

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+TOTALLED = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes",
+            "changed_blocks", "compared_blocks", "withheld_blocks", "backed_off_rows", "recall_rows")
+
+
 @dataclass
 class LayerStats:
     """Counts summed over the requests (and KV heads) of one layer in one step."""
@@ -22,6 +26,9 @@ class LayerStats:
     recall_bytes: int = 0
     changed_blocks: int = 0  # selected blocks not selected in the previous step
     compared_blocks: int = 0  # selected blocks that had a previous step to compare with
+    withheld_blocks: int = 0  # recall candidates kept on the CPU by the hysteresis (kernels.recall_brake)
+    backed_off_rows: int = 0  # (request, KV head) rows whose recall was backed off (brake level above 0)
+    recall_rows: int = 0  # (request, KV head) rows that went through recall: backed_off_rows' denominator
     cpu_wait_s: float = 0.0  # time the device side waited for the CPU result
     cpu_launched_ahead: bool = False  # CPU work of this layer was launched one layer earlier
 
@@ -46,6 +53,7 @@ class StepTelemetry:
     decoded_tokens: int = 0  # requests x steps
     timings: dict[str, float] = field(default_factory=dict)  # device_attention, cpu_attention, cpu_wait, merge, recall, select
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)  # cause -> layers whose CPU part the layer computed
+    recall_cap_bytes: int = 0  # the recall cap of the steps it covers, summed (core/recall_budget.py)
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())
@@ -59,8 +67,7 @@ class StepTelemetry:
     def totals(self) -> LayerStats:
         total = LayerStats()
         for stats in self.layers.values():
-            for name in ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks",
-                         "recall_bytes", "changed_blocks", "compared_blocks"):
+            for name in TOTALLED:
                 setattr(total, name, getattr(total, name) + getattr(stats, name))
             total.cpu_wait_s += stats.cpu_wait_s
         return total
@@ -74,6 +81,9 @@ class StepTelemetry:
             "change_rate": round(total.change_rate, 4),
             "recalled_blocks": total.recalled_blocks,
             "recall_bytes": total.recall_bytes,
+            "recall_cap_bytes": self.recall_cap_bytes,
+            "withheld_blocks": total.withheld_blocks,
+            "backed_off_rows": total.backed_off_rows,
             "cpu_wait_ms": round(1e3 * total.cpu_wait_s, 3),
             "cpu_fallbacks": dict(sorted(self.cpu_fallbacks.items())),
             **{f"{k}_ms": round(1e3 * v, 3) for k, v in sorted(self.timings.items())},

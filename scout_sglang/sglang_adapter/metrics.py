@@ -31,6 +31,14 @@ GAUGES = {
     "scout_decode_steps": ("decode steps since start-up", ("decode_steps",)),
     "scout_cpu_ratio": ("blocks attended on the CPU over the token budget's blocks, since start-up", ("cpu_ratio",)),
     "scout_recalled_blocks": ("blocks recalled into resident buffers since start-up", ("recalled_blocks",)),
+    "scout_recent_cpu_ratio": ("blocks attended on the CPU over the budget's blocks, over the recent steps",
+                               ("recall", "recent_cpu_ratio")),
+    "scout_recall_bytes_per_step": ("bytes recall moved host -> device per decode step, over the recent steps",
+                                    ("recall", "bytes_per_step")),
+    "scout_recall_cap_bytes_per_step": ("the recall cap per decode step, over the recent steps",
+                                        ("recall", "cap_bytes_per_step")),
+    "scout_recall_backed_off_fraction": ("share of (request, layer, KV head) rows whose recall the brake holds "
+                                         "back, over the recent steps", ("recall", "backed_off_fraction")),
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
     "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "

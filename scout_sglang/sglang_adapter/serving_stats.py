@@ -2,20 +2,24 @@
 
 The backend adds every step's telemetry; `report()` is what the server exposes
 (under "scout" in each entry of `/server_info`'s "internal_states") and what
-the main job prints: CPU compute ratio, recalls, CPU wait, CPU parts the layers
-computed themselves (by cause), predicted-query cosine, and the engine's current
-page usage.
+the main job prints: CPU compute ratio, recalls (and, over the recent steps, the
+CPU ratio, recall bytes against their cap and the brake's share), CPU wait, CPU
+parts the layers computed themselves (by cause), predicted-query cosine, and the
+engine's current page usage.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from scout_sglang.core.cpu_handoff import FALLBACK_CAUSES
 
-COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes")
+COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes",
+            "withheld_blocks", "backed_off_rows", "recall_rows")
+RECENT = 64  # telemetry collections the "recall" section looks back over (one per step, or per 0.5 s replayed)
 
 
 @dataclass
@@ -33,6 +37,7 @@ class ServingStats:
     released_requests: int = 0
     max_batch_size: int = 0  # most requests decoded together in one step
     cpu_fallbacks: dict = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))  # cause -> layers
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # per collection: _recent_entry
 
     def add_step(self, telemetry) -> None:
         self.decode_steps += telemetry.steps
@@ -45,6 +50,7 @@ class ServingStats:
             if stats.cpu_blocks:
                 self.layers_with_cpu_work += 1
                 self.layers_launched_ahead += int(stats.cpu_launched_ahead)
+        self.recent.append(_recent_entry(telemetry))
         for key, seconds in telemetry.timings.items():
             self.timings[key] = self.timings.get(key, 0.0) + seconds
         for cause, count in telemetry.cpu_fallbacks.items():
@@ -68,6 +74,7 @@ class ServingStats:
             "dropped_blocks": self.counters["dropped_blocks"],
             "recalled_blocks": self.counters["recalled_blocks"],
             "recall_mib": round(self.counters["recall_bytes"] / 2**20, 3),
+            "recall": self.recall_report(),
             "cpu_wait_ms": round(1e3 * self.cpu_wait_s, 3),
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
@@ -80,3 +87,33 @@ class ServingStats:
             "timings_ms": {key: round(1e3 * value, 3) for key, value in sorted(self.timings.items())},
             "usage": usage,
         }
+
+    def recall_report(self) -> dict:
+        """Recall over the recent steps, where an operator sees thrash: the CPU ratio now, the bytes recall moved
+        per step against its cap, and the share of rows its brake holds back."""
+        totals = dict.fromkeys(_RECENT_FIELDS, 0)
+        for entry in self.recent:
+            for name, value in entry.items():
+                totals[name] += value
+        steps = totals["steps"]
+        return {
+            "recent_steps": steps,
+            "recent_cpu_ratio": round(totals["cpu_blocks"] / totals["budget_blocks"], 4) if totals["budget_blocks"]
+            else 0.0,
+            "bytes_per_step": round(totals["recall_bytes"] / steps) if steps else 0,
+            "cap_bytes_per_step": round(totals["recall_cap_bytes"] / steps) if steps else 0,
+            "withheld_blocks_per_step": round(totals["withheld_blocks"] / steps, 2) if steps else 0.0,
+            "backed_off_fraction": round(totals["backed_off_rows"] / totals["recall_rows"], 4)
+            if totals["recall_rows"] else 0.0,
+        }
+
+
+_RECENT_FIELDS = ("steps", "cpu_blocks", "budget_blocks", "recall_bytes", "recall_cap_bytes", "withheld_blocks",
+                  "backed_off_rows", "recall_rows")
+
+
+def _recent_entry(telemetry) -> dict:
+    total = telemetry.totals()
+    entry = {name: getattr(total, name) for name in _RECENT_FIELDS if hasattr(total, name)}
+    entry.update(steps=telemetry.steps, recall_cap_bytes=telemetry.recall_cap_bytes)
+    return entry

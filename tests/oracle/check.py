@@ -8,8 +8,9 @@ the rules of policy.py and nothing of scout_sglang.core:
   infinigen), the CPU set is the selection minus the device set, capped; the
   two are disjoint and cover the selection;
 - the resident buffer: no duplicates, no window block, window admission,
-  first fill, infinigen recall and scout's periodic recall each move exactly
-  the blocks the policy names (recall only CPU-list blocks);
+  first fill, infinigen recall and scout's recall (with its hysteresis, brake
+  and per-step cap) each move exactly the blocks the policy names (recall only
+  CPU-list blocks);
 and recomputes the layer's output: the device part with the real query, the
 CPU part with the query the CPU was given, merged by natural-log LSE.
 """
@@ -39,6 +40,9 @@ class OracleReport:
     predicted_layers: int = 0
     block_fills: int = 0
     outputs_checked: int = 0
+    withheld_blocks: int = 0  # scout recall candidates the hysteresis kept on the CPU
+    capped_blocks: int = 0  # scout recall candidates left for lack of cap (or of victims)
+    backed_off_rows: int = 0  # (step, layer, request, head) rows whose recall brake was above level 0
     by_mode: Counter = field(default_factory=Counter)
 
 
@@ -71,9 +75,13 @@ def check_topk(selected, scores, num_full, config, where):
 class Oracle:
     """Checks one engine run: call check(trace.decisions, outputs) after driver.run(engine)."""
 
-    def __init__(self, config, shape, driver):
+    def __init__(self, config, shape, driver, *, element_size: int = 4):
+        """element_size: bytes per K/V element of the checked engine (the recall cap counts bytes)."""
         self.config, self.shape, self.driver = config, shape, driver
+        self.block_bytes = 2 * config.block_size * shape.head_dim * element_size
+        self.num_offloaded = max(sum(expects_offloaded(config, layer) for layer in range(shape.num_layers)), 1)
         self.resident = {}  # (rid, layer) -> [Hkv][R] after the last step it decoded
+        self.runs, self.brakes = {}, {}  # (rid, layer, head) -> {block: (position, run)} / policy.Brake
         self.filled = set()
         self.report = OracleReport()
 
@@ -173,11 +181,21 @@ class Oracle:
         assert not set(blocks) & set(policy.window_blocks(n, c.block_size, c.sink_blocks, c.local_blocks)), (
             f"{where}: window blocks in the resident buffer: {now}")
         after = now
-        if c.mode == "scout" and decision.selected is not None:
+        if c.mode == "scout" and decision.selected is not None and c.recall_policy != "off":
             selected_counts = [len(x) for x in decision.selected[b]]
             cpu_counts = [len(x) for x in decision.cpu_blocks[b]]
-            if policy.recall_due(c, layer, decision.step, cpu_counts, selected_counts):
-                after = policy.bring_in(now, decision.cpu_blocks[b][h], set(selected), scores)
+            due = any(selected_counts) and policy.recall_due(c, layer, decision.step, cpu_counts, selected_counts)
+            caps = policy.recall_caps(c, block_bytes=self.block_bytes, num_layers=self.num_offloaded,
+                                      batch_size=len(decision.rids), num_kv_heads=self.shape.num_kv_heads,
+                                      step=decision.step)
+            brake = self.brakes.setdefault(key, policy.Brake())
+            after, withheld, left = policy.scout_recall(now, config=c, brake=brake,
+                                        runs=self.runs.setdefault(key, {}), selected=selected,
+                                        cpu=decision.cpu_blocks[b][h], scores=scores, due=due, cap=caps[b][h],
+                                        position=n)
+            self.report.withheld_blocks += withheld
+            self.report.capped_blocks += left
+            self.report.backed_off_rows += int(brake.level > 0)
         assert decision.resident_after[b][h] == after, (
             f"{where}: resident {decision.resident_after[b][h]} after recall, expected {after}")
         recalled = [j for j in after if j not in set(now)]

@@ -14,10 +14,17 @@ Where the engine is free to choose, the rule is fixed here and in recall.py:
   evicting anything;
 - recall brings candidates in best first; victims are free slots first (lowest
   slot first), then resident blocks outside the current selection, lowest
-  score first, ties to the lower slot (without scores: lowest slot first).
+  score first, ties to the lower slot (without scores: lowest slot first);
+- scout's recall moves a CPU block only once it was selected in
+  recall_min_selected consecutive steps, at most the row's share of the
+  per-step cap, and a row whose recall did not lower its CPU share by half of
+  what it moved backs off (Brake).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -65,17 +72,90 @@ def top_k(scores: torch.Tensor, num_full: int, k: int, sink: int, local: int) ->
     return reference.select_topk(scores[:num_full], topk=k, num_sink_blocks=sink, num_local_blocks=local)
 
 
-def bring_in(row: list[int], candidates: list[int], selected: set[int], scores: torch.Tensor | None) -> list[int]:
-    """A resident row after copying candidates (best first) in; see the module docstring for victims."""
+def bring_in(row: list[int], candidates: list[int], selected: set[int], scores: torch.Tensor | None,
+             quota: int | None = None) -> list[int]:
+    """A resident row after copying candidates (best first, at most `quota` of them) in; see the module
+    docstring for victims."""
     row = list(row)
     free = [r for r, block in enumerate(row) if block == EMPTY]
     unused = [r for r, block in enumerate(row) if block != EMPTY and block not in selected]
     if scores is not None:
         unused.sort(key=lambda r: (float(scores[row[r]]), r))
-    wanted = [block for block in candidates if block not in row]
+    wanted = [block for block in candidates if block not in row][:quota]
     for block, slot in zip(wanted, free + unused):
         row[slot] = block
     return row
+
+
+def update_runs(runs: dict, selected: list[int], position: int) -> None:
+    """Hysteresis: runs maps a block to (the last position it was selected at, its run of consecutive
+    selections, at most 255); each selected block's run grows when it was selected at position - 1, else is 1."""
+    for block in selected:
+        last, run = runs.get(block, (None, 0))
+        runs[block] = (position, min(run + 1, 255) if last == position - 1 else 1)
+
+
+@dataclass
+class Brake:
+    """Back-off of one (request, layer, KV head) row's recall."""
+
+    level: int = 0
+    wait: int = 0  # steps before it may recall again
+    before: tuple = (0, 0)  # (CPU blocks, selected blocks) when it last recalled
+    moved: int = 0  # blocks that recall moved (0: nothing to judge)
+
+    def judge(self, cpu: int, selected: int, max_level: int) -> None:
+        """Judge the last step's recall: it paid when the CPU share fell by at least half of what it moved."""
+        if self.moved:
+            cpu_before, selected_before = self.before
+            share = Fraction(cpu, selected) if selected else Fraction(0)
+            paid = Fraction(cpu_before, selected_before) - share >= Fraction(self.moved, 2 * selected_before)
+            self.level = 0 if paid else min(self.level + 1, max_level)
+            self.wait = 2 ** self.level - 1
+            self.moved = 0
+        elif self.wait:
+            self.wait -= 1
+
+    def quota(self, cap: int) -> int:
+        """Blocks it may recall: cap / 2^level, at least 1 when the cap is not 0."""
+        return max(cap >> self.level, 1) if self.level and cap else cap
+
+    def note(self, moved: int, cpu: int, selected: int) -> None:
+        if moved:
+            self.before = (cpu, selected)
+        self.moved = moved
+
+
+def scout_recall(row: list[int], *, config, brake: Brake, runs: dict, selected: list[int], cpu: list[int],
+                 scores: torch.Tensor, due: bool, cap: int, position: int) -> tuple[list[int], int, int]:
+    """Scout's recall of one row in one step (run after its attention) -> (the resident row after it, the
+    candidates the hysteresis withheld, those left out for lack of cap or of victims). The brake judges the last recall, the
+    selection's runs grow, and the CPU blocks that have lasted are brought in while the row may recall (due,
+    not waiting), at most its cap (halved per brake level)."""
+    if config.recall_brake:
+        brake.judge(len(cpu), len(selected), config.recall_max_backoff)
+        cap = brake.quota(cap)
+    update_runs(runs, selected, position)
+    candidates = cpu if due and not (config.recall_brake and brake.wait) else []
+    lasting = [j for j in candidates if runs[j][1] >= config.recall_min_selected]
+    after = bring_in(row, lasting, set(selected), scores, cap)
+    moved = sum(1 for block in after if block not in row)
+    brake.note(moved, len(cpu), len(selected))
+    return after, len(candidates) - len(lasting), len([j for j in lasting if j not in row]) - moved
+
+
+def recall_caps(config, *, block_bytes: int, num_layers: int, batch_size: int, num_kv_heads: int,
+                step: int) -> list[list[int]]:
+    """[B][Hkv] blocks each row may recall in step number `step`: recall_bytes_per_step over the layers, then the
+    rows; every row the floor, one more for the remainder's rows from (step mod rows) on; at most the recall
+    quota. Without a fixed cap (the engine then measures its step time): the quota."""
+    if config.recall_bytes_per_step is None:
+        return [[config.recall_quota] * num_kv_heads for _ in range(batch_size)]
+    rows = batch_size * num_kv_heads
+    blocks = config.recall_bytes_per_step // (block_bytes * num_layers)
+    caps = [blocks // rows + (1 if (r - step) % rows < blocks % rows else 0) for r in range(rows)]
+    caps = [min(cap, config.recall_quota) for cap in caps]
+    return [caps[b * num_kv_heads:(b + 1) * num_kv_heads] for b in range(batch_size)]
 
 
 def admit_leaving(row: list[int], block: int) -> list[int]:

@@ -31,14 +31,18 @@ class Decision:
 
 
 class PolicyEngine:
-    def __init__(self, config, shape):
+    def __init__(self, config, shape, *, element_size: int = 4):
+        """element_size: bytes per K/V element of the engine it stands beside (the recall cap counts bytes)."""
         self.config, self.shape = config, shape
+        self.block_bytes = 2 * config.block_size * shape.head_dim * element_size
         offloaded = config.mode in ("scout", "infinigen", "hgca")
         self.offloaded = {l for l in range(shape.num_layers) if offloaded and l not in config.dense_layers}
         self.keys, self.values = {}, {}  # (rid, layer) -> [N, Hkv, D] fp32
         self.resident = {}  # (rid, layer) -> [Hkv][R]
         self.filled = set()  # (rid, layer) whose resident buffer had its first fill
         self.steps = {}  # rid -> decode steps done
+        self.runs, self.brakes = {}, {}  # (rid, layer, head) -> {block: (position, run)} / policy.Brake
+        self.step_index, self.caps = 0, []  # steps planned so far; this step's recall caps [B][Hkv]
         self.batch, self.ahead, self.after = [], {}, {}
 
     # -- requests ----------------------------------------------------------------
@@ -48,6 +52,8 @@ class PolicyEngine:
             self.resident[(rid, layer)] = [[policy.EMPTY] * capacity for _ in range(self.shape.num_kv_heads)]
             self.keys[(rid, layer)] = torch.zeros(0, self.shape.num_kv_heads, self.shape.head_dim)
             self.values[(rid, layer)] = torch.zeros(0, self.shape.num_kv_heads, self.shape.head_dim)
+            for h in range(self.shape.num_kv_heads):
+                self.runs[(rid, layer, h)], self.brakes[(rid, layer, h)] = {}, policy.Brake()
         self.steps[rid] = 0
 
     def prefill(self, rid, layer, k, v):
@@ -58,6 +64,8 @@ class PolicyEngine:
         for key in [key for key in self.keys if key[0] == rid]:
             del self.keys[key], self.values[key], self.resident[key]
             self.filled.discard(key)
+        for key in [key for key in self.runs if key[0] == rid]:
+            del self.runs[key], self.brakes[key]
         self.steps.pop(rid, None)
 
     def close(self):
@@ -68,6 +76,9 @@ class PolicyEngine:
         c = self.config
         self.batch, self.ahead = list(rids), {}
         self.after = {rid: self.keys[(rid, 0)].shape[0] + 1 for rid in rids}  # tokens once this step's is in
+        self.caps = policy.recall_caps(c, block_bytes=self.block_bytes, num_layers=max(len(self.offloaded), 1),
+                                       batch_size=len(rids), num_kv_heads=self.shape.num_kv_heads,
+                                       step=self.step_index)
         for rid in rids:
             after = self.after[rid]
             block = policy.leaving_block(after, c.block_size, c.sink_blocks, c.local_blocks)
@@ -107,6 +118,7 @@ class PolicyEngine:
         for rid in self.batch:
             self.steps[rid] += 1
         self.batch = []
+        self.step_index += 1
 
     # -- the rules -------------------------------------------------------------------
     def _window(self, rid, layer):
@@ -170,11 +182,13 @@ class PolicyEngine:
 
     def _maybe_recall(self, layer, b, rid, decision):
         c, key = self.config, (rid, layer)
-        if c.mode != "scout" or not any(decision.selected[b]):
+        if c.mode != "scout" or c.recall_policy == "off" or not c.resident_capacity:
             return
         cpu_counts = [len(blocks) for blocks in decision.cpu_blocks[b]]
         selected_counts = [len(blocks) for blocks in decision.selected[b]]
-        if policy.recall_due(c, layer, self.steps[rid], cpu_counts, selected_counts):
-            self.resident[key] = [policy.bring_in(self.resident[key][h], decision.cpu_blocks[b][h],
-                                                  set(decision.selected[b][h]), decision.scores[b][h])
-                                  for h in range(self.shape.num_kv_heads)]
+        due = any(selected_counts) and policy.recall_due(c, layer, self.steps[rid], cpu_counts, selected_counts)
+        for h in range(self.shape.num_kv_heads):
+            self.resident[key][h], _, _ = policy.scout_recall(
+                self.resident[key][h], config=c, brake=self.brakes[(rid, layer, h)], runs=self.runs[(rid, layer, h)],
+                selected=decision.selected[b][h], cpu=decision.cpu_blocks[b][h], scores=decision.scores[b][h],
+                due=due, cap=self.caps[b][h], position=self.after[rid])

@@ -34,6 +34,7 @@ FAST_TESTS = [
     "tests/test_engine_chunked_prefill.py",
     "tests/test_stage_split.py",
     "tests/test_stage_recall.py",
+    "tests/test_recall_brake.py",
     "tests/test_stage_append.py",
 ]
 # Folders that install as subpackages of scout_sglang (setup.py's PACKAGE_ROOTS).

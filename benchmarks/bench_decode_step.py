@@ -56,6 +56,8 @@ from pathlib import Path
 
 import torch
 
+from scout_sglang.config import ScoutConfig
+
 # `python -P` (and running from another directory) leaves the script's own directory off sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -63,6 +65,8 @@ from decode_step.common import MODES, log, parse_ints  # noqa: E402
 from decode_step.cpu_watch import WatchedWorker, make_worker  # noqa: E402
 from decode_step.hardware import hardware  # noqa: E402
 from decode_step.plot import write_plot  # noqa: E402
+from decode_step.recall_report import write_recall_markdown, write_recall_plot  # noqa: E402
+from decode_step.recall_study import recall_summary, run_recall_study  # noqa: E402
 from decode_step.report import write_markdown  # noqa: E402
 from decode_step.sweep import quick_summary, run_sweep  # noqa: E402
 from decode_step.workload import LayerCompute  # noqa: E402
@@ -98,6 +102,14 @@ def parse_args() -> argparse.Namespace:
                         help="torch intra-op threads; default: 1 on the CPU device (the other cores are the worker's)")
     parser.add_argument("--cpu-impl", default="auto", choices=("auto", "native", "torch"))
     parser.add_argument("--kernel-impl", default=None, choices=(None, "flashinfer", "triton", "torch"))
+    parser.add_argument("--recall-shape", type=parse_ints, default=[16384, 4],
+                        help="context,batch of the recall study (CPU ratio and recall traffic per step)")
+    parser.add_argument("--recall-steps", type=int, default=48, help="decode steps of the recall study")
+    parser.add_argument("--drift", type=float, default=0.16, help="heavy-hitter workload: topic drift per step")
+    parser.add_argument("--target-cosine", type=float, default=0.95,
+                        help="heavy-hitter workload: cosine of the predicted to the real query")
+    parser.add_argument("--only-recall", action="store_true",
+                        help="run the recall study alone (writes recall.*, leaves decode_step.* as they are)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
@@ -117,6 +129,8 @@ def main() -> int:
     if args.quick:
         args.contexts, args.batches, args.layers, args.steps, args.warmup = [4096], [2], 2, 3, 1
         args.ablation_shape, args.ablation_warmup, args.ablation_steps = "4096,2", 2, 3
+        args.recall_shape, args.recall_steps = [4096, 2], 8
+    args.recall_beta = ScoutConfig().recall_beta
 
     device = torch.device(args.device)
     if args.max_tokens is None:
@@ -142,19 +156,27 @@ def main() -> int:
     layer_compute = LayerCompute(args.layer_compute_ms, kind, device)
     report = dict(hardware=hw, shapes=[], skipped=[], ablation=None, load_before=load_before, cpu_groups=threads)
     started = time.perf_counter()
-    run_sweep(args, report, modes=modes, kind=kind, device=device,
-              make_worker=lambda: WatchedWorker(make_worker(threads, args.cpu_impl)), layer_compute=layer_compute)
+    watched = lambda: WatchedWorker(make_worker(threads, args.cpu_impl))  # noqa: E731
+    if not args.only_recall:
+        run_sweep(args, report, modes=modes, kind=kind, device=device, make_worker=watched,
+                  layer_compute=layer_compute)
+    study = run_recall_study(args, device=device, make_worker=watched, layer_compute=layer_compute)
     report["load_after"] = os.getloadavg()[0]
     report["total_s"] = time.perf_counter() - started
     log(f"done in {report['total_s']:.0f} s")
 
-    summary = quick_summary(report, args, device)
+    summary = quick_summary(report, args, device) | {"recall": recall_summary(study)}
     if not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "decode_step.json").write_text(json.dumps(report, indent=2) + "\n")
-        write_markdown(args.out / "decode_step.md", report)
-        write_plot(args.out / "decode_step.png", report)
-        log(f"wrote {args.out}/decode_step.{{md,json,png}}")
+        (args.out / "recall.json").write_text(json.dumps(dict(hardware=hw, study=study), indent=2) + "\n")
+        write_recall_markdown(args.out / "recall.md", study, hw, args.recall_beta)
+        write_recall_plot(args.out / "recall.png", study, args.recall_beta)
+        log(f"wrote {args.out}/recall.{{md,json,png}}")
+        if not args.only_recall:
+            (args.out / "decode_step.json").write_text(json.dumps(report, indent=2) + "\n")
+            write_markdown(args.out / "decode_step.md", report)
+            write_plot(args.out / "decode_step.png", report)
+            log(f"wrote {args.out}/decode_step.{{md,json,png}}")
     print(json.dumps(summary))
     return 0
 

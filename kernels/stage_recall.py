@@ -29,7 +29,7 @@ import torch
 from scout_sglang.kernels.block_copy import copy_block_rows
 from scout_sglang.kernels.checks import check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
-from scout_sglang.kernels.recall_brake import BRAKE_WORDS, RUN_LIMIT, RecallBrake, brake_candidates, note_recall
+from scout_sglang.kernels.recall_brake import STATE_WORDS, RUN_LIMIT, RecallBrake, brake_candidates, note_recall
 from scout_sglang.kernels.stage_split import contains
 from scout_sglang.kernels.step_counters import DROPPED, NUM_COUNTERS, RECALLED
 
@@ -119,13 +119,13 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
             listed = torch.arange(cpu_blocks.shape[2], device=cpu_blocks.device) < cpu_counts.unsqueeze(-1)
             candidates = torch.where(listed & due.view(-1, 1, 1), cpu_blocks, PAD_BLOCK)
             if brake is not None:
-                candidates, quota, state = brake_candidates(candidates, quota, brake=brake, slots=slots,
-                                                            selected=selected, valid=valid, counts=counts,
-                                                            cpu_counts=cpu_counts, counters=counters)
+                candidates, quota, state = brake_candidates(candidates, quota, brake=brake, slots=slots, rows=rows,
+                                                            selected=selected, valid=valid, counters=counters)
+        before = rows
         rows, moved = _bring_in_and_copy(rows, candidates, selected, scores, quota, host_table, resident_pages,
                                          host_k, host_v, dev_k, dev_v)
         if brake is not None:
-            note_recall(brake, slots, state, moved, counts, cpu_counts)
+            note_recall(brake, slots, state, before, rows, moved)
         if counters is not None:
             counters[RECALLED] += moved.sum(dtype=torch.int32)
             if recall == "selected":
@@ -250,7 +250,7 @@ def _check_brake(brake, resident, host_table, batch_size, device):
             raise ValueError(f"brake.min_selected must be in [1, {RUN_LIMIT}], got {brake.min_selected}")
     if brake.state is not None:
         check_tensor("brake.state", brake.state, ndim=3, dtypes=(torch.int32,), device=device, contiguous="rows")
-        check_shape("brake.state", brake.state, (*resident.shape[:2], BRAKE_WORDS))
+        check_shape("brake.state", brake.state, (*resident.shape[:2], STATE_WORDS + resident.shape[2]))
         if brake.max_backoff < 0:
             raise ValueError(f"brake.max_backoff must be >= 0, got {brake.max_backoff}")
     check_tensor("brake.positions", brake.positions, ndim=1, dtypes=(torch.int32, torch.int64), device=device,

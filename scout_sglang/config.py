@@ -43,8 +43,11 @@ class ScoutConfig:
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
     recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
-    recall_min_selected: int = 2  # hysteresis: a block is recalled once selected in this many consecutive steps (1: off)
-    recall_brake: bool = True  # a row whose recall did not lower its CPU share backs off (docs/algorithm.md)
+    # Hysteresis: a block is recalled once selected in this many consecutive steps (1: off, the default: on the
+    # heavy-hitter workload 2 kept each lasting newcomer a step longer on the CPU, 12.0% CPU ratio against 10.5%;
+    # on the flat one it halved recall traffic, which the brake and the cap already bound; benchmarks/results/recall.md).
+    recall_min_selected: int = 1
+    recall_brake: bool = True  # a row backs off while what its recalls bring in is not selected again (docs/algorithm.md)
     recall_max_backoff: int = 6  # brake levels: a row at level n recalls at most every 2^n steps, cap / 2^n blocks
     # Recall traffic per decode step, all layers together; None: recall_link_gbps x recall_link_share x the step time
     # the engine measures.

@@ -51,8 +51,8 @@ def test_every_decision_and_output_matches_the_oracle(mode, shape_name):
     if mode in ("scout", "infinigen"):
         assert report.predicted_layers > 0 and report.first_fills > 0 and report.admitted_blocks > 0
         assert report.recalled_blocks > 0
-    if mode == "scout":  # random keys churn: the hysteresis and the brake both act
-        assert report.withheld_blocks > 0 and report.backed_off_rows > 0
+    if mode == "scout":  # random keys churn: the brake acts (the hysteresis is off by default: a test below)
+        assert report.backed_off_rows > 0 and report.withheld_blocks == 0
 
 
 @pytest.mark.parametrize("shape_name", sorted(SHAPES))

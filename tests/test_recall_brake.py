@@ -28,7 +28,7 @@ class Row:
         self.host_k = self.host_k.contiguous().to(dev)
         self.dev_k = torch.zeros(RESIDENT + 1, 1, BLOCK, DIM, device=dev)
         self.dev_v = torch.zeros_like(self.dev_k)
-        self.brake = RecallBrake(new_runs(2, 1, BLOCKS, dev), new_state(2, 1, dev) if brake else None,
+        self.brake = RecallBrake(new_runs(2, 1, BLOCKS, dev), new_state(2, 1, RESIDENT, dev) if brake else None,
                                  torch.zeros(1, dtype=torch.int32, device=dev), min_selected=min_selected,
                                  max_backoff=max_backoff)
         self.cap = cap

@@ -47,7 +47,7 @@ def test_a_fixed_cap_ignores_the_clock():
     assert cap.blocks_per_layer() == 10 and cap.cap_bytes() == 10 * BLOCK_BYTES * 4
 
 
-@pytest.mark.parametrize("blocks", [0, 3, 8, 19, 1000])
+@pytest.mark.parametrize("blocks", [0, 3, 8, 19, 1000, 1 << 60])
 def test_row_caps_never_exceed_the_layer_cap_and_rotate(blocks):
     batch, heads, quota = 2, 4, 16
     seen = [0] * (batch * heads)

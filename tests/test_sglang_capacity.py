@@ -119,7 +119,11 @@ def test_requests_wait_for_a_full_host_store_and_a_request_that_never_fits_is_re
     expected, _, _ = reference_outputs(llama_dir, SCOUT_ENV, prompts, 40)
     assert [o["output_ids"] for o in outputs] == expected
     for name in ("scout_device_kv_bytes", "scout_host_kv_bytes", "scout_tokens", "scout_cpu_ratio",
-                 "scout_decode_steps"):
+                 "scout_decode_steps", "scout_recent_cpu_ratio", "scout_recall_bytes_per_step",
+                 "scout_recall_cap_bytes_per_step", "scout_recall_backed_off_fraction"):
         assert re.search(rf"^{name}(\{{.*\}})? ", metrics, re.M), name
+    recall = stats["recall"]  # the recent steps' recall: its traffic within its cap
+    assert recall["recent_steps"] > 0 and 0 <= recall["bytes_per_step"] <= recall["cap_bytes_per_step"]
+    assert 0.0 <= recall["backed_off_fraction"] <= 1.0 and 0.0 <= recall["recent_cpu_ratio"] <= 1.0
     steps = float(re.search(r"^scout_decode_steps(?:\{.*\})? (\S+)", metrics, re.M).group(1))
     assert steps == stats["decode_steps"] > 0

@@ -15,12 +15,15 @@ import torch
 
 from .common import BLOCK_SIZE, BREAKDOWN, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, synchronize
 
+# Per-step values a summary keeps as curves (the recall study plots them; the paper's Figure 6).
+CURVES = ("step_s", "cpu_ratio", "change_rate", "recall_bytes", "recall_cap_bytes", "withheld_blocks", "backed_off")
+
 
 class EngineRun:
     """One engine (mode + switches) on one shape: prefill, then steps on demand, then a summary."""
 
     def __init__(self, args, prompts, *, mode, batch_size, total_steps, device, worker, layer_ahead=True,
-                 recall_policy="adaptive", track_changes=False, label=None):
+                 recall_policy="adaptive", track_changes=False, label=None, overrides=None):
         from scout_sglang.config import ScoutConfig
         from scout_sglang.core.engine import CoAttentionEngine
         from scout_sglang.core.shape import ModelShape
@@ -31,8 +34,11 @@ class EngineRun:
         self.context = prompts.context
         shape = ModelShape(num_layers=args.layers, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
                            head_dim=HEAD_DIM)
-        config = ScoutConfig(mode=mode, block_size=BLOCK_SIZE, token_budget=args.token_budget, layer_ahead=layer_ahead,
-                             recall_policy=recall_policy, kernel_impl=args.kernel_impl, cpu_impl=args.cpu_impl)
+        fields = dict(mode=mode, block_size=BLOCK_SIZE, token_budget=args.token_budget, layer_ahead=layer_ahead,
+                      recall_policy=recall_policy, kernel_impl=args.kernel_impl, cpu_impl=args.cpu_impl)
+        config = ScoutConfig(**(fields | (overrides or {})))
+        self.recall_policy = config.recall_policy
+        self.config = config
         self.engine = CoAttentionEngine(config, shape, device=device, dtype=torch.bfloat16, max_requests=batch_size,
                                         max_tokens_per_request=prompts.context + total_steps + BLOCK_SIZE,
                                         cpu_worker=worker.worker, track_changes=track_changes)  # fmt: skip
@@ -77,6 +83,8 @@ class EngineRun:
             cpu_thread_s=None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
             cpu_ratio=totals.cpu_ratio, change_rate=totals.change_rate, recalled_blocks=totals.recalled_blocks,
             recall_bytes=totals.recall_bytes, dropped_blocks=totals.dropped_blocks,
+            recall_cap_bytes=telemetry.recall_cap_bytes, withheld_blocks=totals.withheld_blocks,
+            backed_off=totals.backed_off_rows / totals.recall_rows if totals.recall_rows else 0.0,
         ))  # fmt: skip
 
     def close(self) -> None:
@@ -104,6 +112,7 @@ class EngineRun:
             recalled_blocks_per_step=statistics.fmean(r["recalled_blocks"] for r in rows),
             recall_mb_per_step=statistics.fmean(r["recall_bytes"] for r in rows) / 1e6,
             dropped_blocks_per_step=statistics.fmean(r["dropped_blocks"] for r in rows),
+            curve={key: [r[key] for r in rows] for key in CURVES},
         )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ import functools
 
 import triton
 import triton.language as tl
-from scout_sglang.kernels.recall_brake import RUN_BITS, RUN_LIMIT
+from scout_sglang.kernels.recall_brake import FRESH, LEVEL, MOVED, RUN_BITS, RUN_LIMIT, WAIT
 from scout_sglang.kernels.step_counters import BACKED_OFF, DROPPED, RECALLED, WITHHELD
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
 from scout_sglang.kernels.triton.sizes import or_unused, p2
@@ -94,7 +94,8 @@ def _resident_row_kernel(
     BLOCK_SIZE: tl.constexpr, SIZE_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     ADMIT: tl.constexpr, FILL: tl.constexpr, RECALL: tl.constexpr, DUE: tl.constexpr, PAD: tl.constexpr,
     HYSTERESIS: tl.constexpr, MIN_SELECTED: tl.constexpr, BRAKE: tl.constexpr, MAX_BACKOFF: tl.constexpr,
-    RUN_BITS: tl.constexpr, RUN_LIMIT: tl.constexpr, RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+    RUN_BITS: tl.constexpr, RUN_LIMIT: tl.constexpr, LEVEL_WORD: tl.constexpr, WAIT_WORD: tl.constexpr,
+    MOVED_WORD: tl.constexpr, FRESH_WORD: tl.constexpr, RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
     WITHHELD_COL: tl.constexpr, BACKED_OFF_COL: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
@@ -164,13 +165,13 @@ def _resident_row_kernel(
                                  + lanes, mask=listed, other=PAD)
             if BRAKE:  # kernels.recall_brake: judge the last recall; wait, or recall at most quota >> level
                 brake_row = brake_ptr + slot * stride_brake_slot + head * stride_brake_head
-                level = tl.load(brake_row + 0)
-                wait = tl.load(brake_row + 1)
-                cpu_before = tl.load(brake_row + 2)
-                selected_before = tl.load(brake_row + 3)
-                moved = tl.load(brake_row + 4)
+                level = tl.load(brake_row + LEVEL_WORD)
+                wait = tl.load(brake_row + WAIT_WORD)
+                moved = tl.load(brake_row + MOVED_WORD)
+                fresh = tl.load(brake_row + FRESH_WORD + r, mask=r < R, other=0)
+                hits = tl.sum(((fresh != 0) & (r < R) & contains(row, selected, sel_valid)).to(tl.int32), axis=0)
                 judged = moved > 0
-                paid = 2 * (cpu_before * count - cpu_count * selected_before) >= moved * count
+                paid = 2 * hits >= moved
                 level = tl.where(judged, tl.where(paid, 0, tl.minimum(level + 1, MAX_BACKOFF)), level)
                 wait = tl.where(judged, (1 << level) - 1, tl.maximum(wait - 1, 0))
                 candidates = tl.where((lanes * 0 + wait) == 0, candidates, PAD)
@@ -187,6 +188,7 @@ def _resident_row_kernel(
                 withheld = (candidates != PAD) & ~lasting
                 tl.atomic_add(counters_ptr + WITHHELD_COL, tl.sum(withheld.to(tl.int32), axis=0))
                 candidates = tl.where(lasting, candidates, PAD)
+        row_before = row
         row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, vscore, quota, R, PAD)
         _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
                     dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
@@ -194,12 +196,10 @@ def _resident_row_kernel(
         num_applied = tl.sum(applied.to(tl.int32), axis=0)
         tl.atomic_add(counters_ptr + RECALLED_COL, num_applied)
         if RECALL == 2 and BRAKE:  # remembered for the next step's judgement
-            made = num_applied > 0
-            tl.store(brake_row + 0, level)
-            tl.store(brake_row + 1, wait)
-            tl.store(brake_row + 2, tl.where(made, cpu_count, cpu_before))
-            tl.store(brake_row + 3, tl.where(made, count, selected_before))
-            tl.store(brake_row + 4, num_applied)
+            tl.store(brake_row + LEVEL_WORD, level)
+            tl.store(brake_row + WAIT_WORD, wait)
+            tl.store(brake_row + MOVED_WORD, num_applied)
+            tl.store(brake_row + FRESH_WORD + r, (row != row_before).to(tl.int32), mask=r < R)
         if RECALL == 1:
             left_out = (candidates != PAD) & ~contains(candidates, row, row != PAD)
             tl.atomic_add(counters_ptr + DROPPED_COL, tl.sum(left_out.to(tl.int32), axis=0))
@@ -232,7 +232,8 @@ def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_
                 FILL=fill, RECALL={None: RECALL_NONE, "selected": RECALL_SELECTED, "cpu": RECALL_CPU}[recall],
                 DUE=DUE_INTERVAL if interval else DUE_ADAPTIVE, PAD=PAD_BLOCK, HYSTERESIS=hysteresis,
                 MIN_SELECTED=min_selected, BRAKE=brake, MAX_BACKOFF=max_backoff, RUN_BITS=RUN_BITS,
-                RUN_LIMIT=RUN_LIMIT, RECALLED_COL=RECALLED, DROPPED_COL=DROPPED, WITHHELD_COL=WITHHELD,
+                RUN_LIMIT=RUN_LIMIT, LEVEL_WORD=LEVEL, WAIT_WORD=WAIT, MOVED_WORD=MOVED, FRESH_WORD=FRESH,
+                RECALLED_COL=RECALLED, DROPPED_COL=DROPPED, WITHHELD_COL=WITHHELD,
                 BACKED_OFF_COL=BACKED_OFF)
 
 

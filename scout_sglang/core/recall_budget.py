@@ -82,5 +82,7 @@ def row_caps(blocks: int, batch_size: int, num_kv_heads: int, step: int, quota: 
     if rows == 0:
         return torch.zeros(batch_size, num_kv_heads, dtype=torch.int32)
     base, remainder = divmod(blocks, rows)
+    if base >= quota:  # (also keeps a huge cap from overflowing int32)
+        return torch.full((batch_size, num_kv_heads), quota, dtype=torch.int32)
     turn = (torch.arange(rows) - step) % rows < remainder
     return (base + turn.to(torch.int32)).clamp(max=quota).to(torch.int32).view(batch_size, num_kv_heads)

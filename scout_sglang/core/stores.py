@@ -266,7 +266,7 @@ class OffloadedStore:
         # row's back-off state.
         self.recall_runs = {layer: new_runs(max_requests + 1, num_kv_heads, max_blocks, device)
                             for layer in (self.layers if selection_runs else ())}
-        self.recall_state = {layer: new_state(max_requests + 1, num_kv_heads, device)
+        self.recall_state = {layer: new_state(max_requests + 1, num_kv_heads, resident_blocks, device)
                              for layer in (self.layers if recall_brake else ())}
 
     # -- per-request pages -------------------------------------------------

@@ -17,14 +17,13 @@ Where the engine is free to choose, the rule is fixed here and in recall.py:
   score first, ties to the lower slot (without scores: lowest slot first);
 - scout's recall moves a CPU block only once it was selected in
   recall_min_selected consecutive steps, at most the row's share of the
-  per-step cap, and a row whose recall did not lower its CPU share by half of
-  what it moved backs off (Brake).
+  per-step cap, and a row backs off (Brake) when less than half of what its
+  last recall brought in is selected again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from fractions import Fraction
+from dataclasses import dataclass, field
 
 import torch
 
@@ -101,29 +100,21 @@ class Brake:
 
     level: int = 0
     wait: int = 0  # steps before it may recall again
-    before: tuple = (0, 0)  # (CPU blocks, selected blocks) when it last recalled
-    moved: int = 0  # blocks that recall moved (0: nothing to judge)
+    fresh: set = field(default_factory=set)  # the blocks its last recall brought in (empty: nothing to judge)
 
-    def judge(self, cpu: int, selected: int, max_level: int) -> None:
-        """Judge the last step's recall: it paid when the CPU share fell by at least half of what it moved."""
-        if self.moved:
-            cpu_before, selected_before = self.before
-            share = Fraction(cpu, selected) if selected else Fraction(0)
-            paid = Fraction(cpu_before, selected_before) - share >= Fraction(self.moved, 2 * selected_before)
+    def judge(self, selected: set, max_level: int) -> None:
+        """Judge the last step's recall: it paid when at least half of what it brought in is selected again."""
+        if self.fresh:
+            paid = 2 * len(self.fresh & selected) >= len(self.fresh)
             self.level = 0 if paid else min(self.level + 1, max_level)
             self.wait = 2 ** self.level - 1
-            self.moved = 0
+            self.fresh = set()
         elif self.wait:
             self.wait -= 1
 
     def quota(self, cap: int) -> int:
         """Blocks it may recall: cap / 2^level, at least 1 when the cap is not 0."""
         return max(cap >> self.level, 1) if self.level and cap else cap
-
-    def note(self, moved: int, cpu: int, selected: int) -> None:
-        if moved:
-            self.before = (cpu, selected)
-        self.moved = moved
 
 
 def scout_recall(row: list[int], *, config, brake: Brake, runs: dict, selected: list[int], cpu: list[int],
@@ -133,15 +124,15 @@ def scout_recall(row: list[int], *, config, brake: Brake, runs: dict, selected: 
     selection's runs grow, and the CPU blocks that have lasted are brought in while the row may recall (due,
     not waiting), at most its cap (halved per brake level)."""
     if config.recall_brake:
-        brake.judge(len(cpu), len(selected), config.recall_max_backoff)
+        brake.judge(set(selected), config.recall_max_backoff)
         cap = brake.quota(cap)
     update_runs(runs, selected, position)
     candidates = cpu if due and not (config.recall_brake and brake.wait) else []
     lasting = [j for j in candidates if runs[j][1] >= config.recall_min_selected]
     after = bring_in(row, lasting, set(selected), scores, cap)
-    moved = sum(1 for block in after if block not in row)
-    brake.note(moved, len(cpu), len(selected))
-    return after, len(candidates) - len(lasting), len([j for j in lasting if j not in row]) - moved
+    moved = {block for block in after if block not in row}
+    brake.fresh = moved
+    return after, len(candidates) - len(lasting), len([j for j in lasting if j not in row]) - len(moved)
 
 
 def recall_caps(config, *, block_bytes: int, num_layers: int, batch_size: int, num_kv_heads: int,

@@ -66,7 +66,7 @@ from decode_step.cpu_watch import WatchedWorker, make_worker  # noqa: E402
 from decode_step.hardware import hardware  # noqa: E402
 from decode_step.plot import write_plot  # noqa: E402
 from decode_step.recall_report import write_recall_markdown, write_recall_plot  # noqa: E402
-from decode_step.recall_study import recall_summary, run_recall_study  # noqa: E402
+from decode_step.recall_study import recall_summary, rejudge, run_recall_study  # noqa: E402
 from decode_step.report import write_markdown  # noqa: E402
 from decode_step.sweep import quick_summary, run_sweep  # noqa: E402
 from decode_step.workload import LayerCompute  # noqa: E402
@@ -114,11 +114,23 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
                         help="only rewrite decode_step.md and .png under --out from a decode_step.json of an earlier run")
+    parser.add_argument("--render-recall", type=Path, default=None, metavar="JSON",
+                        help="only rewrite recall.md and .png under --out from a recall.json of an earlier run")
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse_args()
+    if args.render_recall is not None:
+        saved = json.loads(args.render_recall.read_text())
+        beta = ScoutConfig().recall_beta
+        rejudge(saved["study"], beta)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "recall.json").write_text(json.dumps(saved, indent=2) + "\n")
+        write_recall_markdown(args.out / "recall.md", saved["study"], saved["hardware"], beta)
+        write_recall_plot(args.out / "recall.png", saved["study"], beta)
+        log(f"rendered {args.out}/recall.{{md,png}} from {args.render_recall}")
+        return 0
     if args.render is not None:
         report = json.loads(args.render.read_text())
         args.out.mkdir(parents=True, exist_ok=True)

@@ -31,15 +31,16 @@ def write_recall_markdown(path: Path, study: dict, hardware: dict, beta: float) 
     for name, section in study["workloads"].items():
         lines += [f"## {name} workload (predicted-query cosine {section['predict_cosine']:.3f})", "",
                   "| configuration | change rate | CPU ratio (2nd half) | under beta from | recall MB/step | cap use "
-                  "| brake: rows backed off | steady step ms | vs off |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| brake: rows backed off | steady step ms | min-max | vs off |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in section["rows"]:
             v = r["verdict"]
             backed_off = sum(r["curve"]["backed_off"]) / max(len(r["curve"]["backed_off"]), 1)
             lines.append(
                 f"| {r['label']} | {v['steady_change_rate']:.1%} | {v['steady_cpu_ratio']:.1%} | "
                 f"{'-' if v['converged_at'] is None else v['converged_at']} | {v['recall_mb_per_step']:.2f} | "
-                f"{v['max_cap_use']:.2f} | {backed_off:.1%} | {v['steady_step_ms']:.1f} | {v['speed_vs_off']:.2f}x |")
+                f"{v['max_cap_use']:.2f} | {backed_off:.1%} | {v['steady_step_ms']:.1f} | "
+                f"{v['steady_spread_ms'][0]:.0f}-{v['steady_spread_ms'][1]:.0f} | {v['speed_vs_off']:.2f}x |")
         lines.append("")
     lines += ["![recall per step](recall.png)", ""]
     path.write_text("\n".join(lines))

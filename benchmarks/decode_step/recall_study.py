@@ -75,8 +75,9 @@ def verdict(row: dict, beta: float, baseline: dict) -> dict:
     half = len(ratios) // 2
     steady_ms = 1e3 * statistics.median(curve["step_s"][half:])
     baseline_ms = 1e3 * statistics.median(baseline["curve"]["step_s"][half:])
+    steady = [1e3 * t for t in curve["step_s"][half:]]
     return dict(converged_at=converged_at, max_cap_use=max(uses, default=0.0), steady_step_ms=steady_ms,
-                speed_vs_off=baseline_ms / steady_ms, steady_cpu_ratio=statistics.fmean(ratios[half:]),
+                steady_spread_ms=[min(steady), max(steady)], speed_vs_off=baseline_ms / steady_ms, steady_cpu_ratio=statistics.fmean(ratios[half:]),
                 steady_change_rate=statistics.fmean(curve["change_rate"][half:]),
                 recall_mb_per_step=statistics.fmean(curve["recall_bytes"]) / 1e6)
 
@@ -86,3 +87,11 @@ def recall_summary(study: dict) -> dict:
     return {name: {r["label"]: {key: (round(value, 4) if isinstance(value, float) else value)
                                 for key, value in r["verdict"].items()} for r in section["rows"]}
             for name, section in study["workloads"].items()}
+
+
+def rejudge(study: dict, beta: float) -> None:
+    """Recompute every verdict from the stored curves (a report rendered again from its JSON)."""
+    for section in study["workloads"].values():
+        baseline = next(r for r in section["rows"] if r["label"] == "recall off")
+        for r in section["rows"]:
+            r["verdict"] = verdict(r, beta, baseline)

@@ -1,4 +1,5 @@
-"""`make bench-gpu`: what a lent GPU machine checks and measures, in one call (under 9 minutes on one H100).
+"""`make bench-gpu`: what a lent GPU machine checks and measures, in one call (about 9 minutes on one H100; the
+recall study adds up to 7).
 
 For a machine with a CUDA torch, Triton and the project installed with `pip install --no-deps -e .` (no sglang,
 no network). Each part runs on its own: a part that fails is reported with its error and the others go on.
@@ -16,12 +17,15 @@ no network). Each part runs on its own: a part that fails is reported with its e
   equal memory  decode tokens/s at equal device K/V memory at 64k: full at the largest batch its budget
                 holds, scout at the largest batch the same budget and the host hold (the planner's capacity
                 code decides both), both measured
+  recall        bench_decode_step's recall study at 32k tokens, batch 32, 4 layers: CPU ratio and recall traffic
+                per step, step time with recall (with and without the brake) against recall off, on the
+                heavy-hitter and the flat workload -> benchmarks/results/recall_<device>.{md,json,png}
 
 Results: benchmarks/results/gpu_<device>.{json,md}. The attention stack is the Qwen3-8B shape (Hq 32, Hkv 8,
 D 128, bf16, block 32) with --layers layers (default 8; layer 0 dense), no other model computation: step times
 are attention only. Progress goes to stderr; the last stdout line is one JSON object. No asserts.
 
-    python3 -P benchmarks/bench_gpu.py [--dry-run] [--parts tests,kernels,host,capture,decode,memory]
+    python3 -P benchmarks/bench_gpu.py [--dry-run] [--parts tests,kernels,host,capture,decode,memory,recall]
 
 --dry-run runs every part at tiny shapes on whatever device there is (the CPU: Triton's interpreter, no graph
 capture), to check the script itself; its results are not written.
@@ -47,7 +51,7 @@ MODES = ("full", "quest", "infinigen", "hgca", "scout")
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 32  # Qwen3-8B's attention
 CUDA_TESTS = ("tests/test_kernels_decode.py", "tests/test_kernels_merge.py", "tests/test_kernels_selection.py",
               "tests/test_triton_kernels.py", "tests/test_stage_select.py", "tests/test_stage_split.py",
-              "tests/test_stage_append.py", "tests/test_stage_recall.py", "tests/test_engine.py",
+              "tests/test_stage_append.py", "tests/test_stage_recall.py", "tests/test_recall_brake.py", "tests/test_engine.py",
               "tests/test_engine_triton_path.py", "tests/test_step_capture.py", "tests/test_layer_programs.py",
               "tests/test_cpu_part_workers.py", "tests/test_cpu_fallback.py")
 
@@ -365,8 +369,29 @@ def part_memory(setup, args) -> dict:
     return out
 
 
+def part_recall(setup, args) -> dict:
+    """bench_decode_step's recall study on this device (the issue's shape: 32k tokens, batch 32, 4 layers): CPU
+    ratio, recall traffic against its cap and step time with recall (brake, no brake) and with recall off, per step,
+    on the heavy-hitter and the flat workload -> recall_<device>.{md,json,png}."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-P", str(ROOT / "benchmarks" / "bench_decode_step.py"), "--only-recall",
+                   "--device", str(setup.device), "--out", out]
+        command += ["--quick"] if setup.dry else ["--recall-shape", "32768,32", "--layers", "4", "--recall-steps", "40"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.recall_timeout)
+        if done.returncode:
+            raise RuntimeError(done.stderr[-3000:])
+        if not setup.dry:
+            name = torch.cuda.get_device_name().replace(" ", "_").replace("/", "_").lower()
+            for suffix in ("md", "json", "png"):
+                shutil.copy(Path(out) / f"recall.{suffix}", RESULTS / f"recall_{name}.{suffix}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["recall"]
+
+
 PARTS = dict(tests=part_tests, kernels=part_kernels, host=part_host, capture=part_capture, decode=part_decode,
-             memory=part_memory)
+             memory=part_memory, recall=part_recall)
 
 
 def write_report(result: dict) -> Path:
@@ -389,6 +414,7 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tests-timeout", type=int, default=240)
+    parser.add_argument("--recall-timeout", type=int, default=420, help="seconds the recall study may take")
     parser.add_argument("--kv-budget-gib", type=float, default=40.0, help="device K/V budget of the equal-memory run")
     parser.add_argument("--host-budget-gib", type=float, default=96.0, help="host K/V budget of the equal-memory run")
     args = parser.parse_args(argv)

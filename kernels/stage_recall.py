@@ -9,7 +9,7 @@ One call runs the phases a layer needs at that point of the step, in order:
                                                  window does not hold; victims in slot order
     recall  "selected" (infinigen, before its attention): the same candidates, victims by score;
             "cpu" (scout, after its attention): the CPU list, when recall is due (interval: `recall_due`;
-            adaptive: the CPU's share of the request's selection, over its KV heads, passed recall_beta),
+            adaptive: the CPU's share of the row's selection passed recall_beta),
             less what the brake holds back (kernels.recall_brake: hysteresis, back-off)
 
 Victims: empty slots first, then blocks outside the current selection, lowest
@@ -111,13 +111,12 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
             candidates = unforced
         else:
             if recall_due is not None:
-                due = recall_due != 0
-            else:
-                num_selected = counts.sum(dim=1)
-                share = cpu_counts.sum(dim=1).double() / num_selected.clamp(min=1).double()
-                due = (num_selected > 0) & (share > recall_beta)
+                due = (recall_due != 0).view(-1, 1)
+            else:  # each row's own share: a row decides alone (and a tensor-parallel rank, holding some heads, alike)
+                share = cpu_counts.double() / counts.clamp(min=1).double()
+                due = (counts > 0) & (share > recall_beta)
             listed = torch.arange(cpu_blocks.shape[2], device=cpu_blocks.device) < cpu_counts.unsqueeze(-1)
-            candidates = torch.where(listed & due.view(-1, 1, 1), cpu_blocks, PAD_BLOCK)
+            candidates = torch.where(listed & due.unsqueeze(-1), cpu_blocks, PAD_BLOCK)
             if brake is not None:
                 candidates, quota, state = brake_candidates(candidates, quota, brake=brake, slots=slots, rows=rows,
                                                             selected=selected, valid=valid, counters=counters)

@@ -42,7 +42,7 @@ class ScoutConfig:
     recall_policy: str = "adaptive"  # one of RECALL_POLICIES: adaptive (by recall_beta), interval (by steps), off
     recall_interval: int = 8  # steps between recalls when no per-layer interval is given
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
-    recall_beta: float = 0.12  # adaptive: recall when CPU blocks / selected blocks exceeds this
+    recall_beta: float = 0.12  # adaptive: a (request, layer, KV head) row recalls when its CPU blocks / selected blocks exceeds this
     # Hysteresis: a block is recalled once selected in this many consecutive steps (1: off, the default: on the
     # heavy-hitter workload 2 kept each lasting newcomer a step longer on the CPU, 12.0% CPU ratio against 10.5%;
     # on the flat one it halved recall traffic, which the brake and the cap already bound; benchmarks/results/recall.md).

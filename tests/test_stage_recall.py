@@ -86,8 +86,9 @@ def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None):
             if fill and not c["ready"][slot, h] and c["num_full"][b] > 0:
                 row = with_quota(row, unforced, set(selected), None, quota)
             if recall:
+                row_due = due.get((b, h)) if isinstance(due, dict) else (due[b] if due is not None else None)
                 candidates = unforced if recall == "selected" else (
-                    c["cpu_blocks"][b, h, : c["cpu_counts"][b, h]].tolist() if due[b] else [])
+                    c["cpu_blocks"][b, h, : c["cpu_counts"][b, h]].tolist() if row_due else [])
                 after = with_quota(row, candidates, set(selected), c["scores"][b, h], quota)
                 recalled += sum(x != y for x, y in zip(after, row))
                 if recall == "selected":
@@ -151,12 +152,13 @@ def test_scout_recall_of_the_cpu_list_when_due(impl, due):
         out, counters = run(impl, c, quota=RESIDENT, recall="cpu", recall_due=flags.to(TRITON_DEVICE if impl == "triton" else "cpu"))
         is_due = flags.tolist()
     else:
-        shares = sorted(float(c["cpu_counts"][b].sum() / max(1, c["counts"][b].sum())) for b in range(batch))
-        beta = shares[batch // 2]  # strictly greater is due: the upper half, less any tie
+        rows = [(b, h) for b in range(batch) for h in range(HEADS)]
+        shares = sorted({float(c["cpu_counts"][b, h] / max(1, c["counts"][b, h])) for b, h in rows})
+        beta = (shares[len(shares) // 2 - 1] + shares[len(shares) // 2]) / 2  # between two shares the rows have
         out, counters = run(impl, c, quota=RESIDENT, recall="cpu", recall_beta=beta)
-        is_due = [bool(c["counts"][b].sum() > 0 and c["cpu_counts"][b].sum() / c["counts"][b].sum() > beta)
-                  for b in range(batch)]
-        assert 0 < sum(is_due) < batch  # the case has requests on both sides of beta
+        is_due = {(b, h): bool(c["counts"][b, h] > 0 and c["cpu_counts"][b, h] / c["counts"][b, h] > beta)
+                  for b, h in rows}  # each (request, KV head) row on its own
+        assert 0 < sum(is_due.values()) < len(rows)  # the case has rows on both sides of beta
     rows, recalled, _ = expected_rows(c, quota=RESIDENT, recall="cpu", due=is_due)
     for (slot, h), row in rows.items():
         assert out["resident"][slot, h].tolist() == row, (slot, h)

@@ -150,16 +150,12 @@ def _resident_row_kernel(
             lanes = k
         else:
             lanes = tl.arange(0, CAPACITY_P2)
-            h = tl.arange(0, HEADS_P2)
-            cpu_counts = tl.load(cpu_counts_ptr + batch * stride_cpu_counts_batch + h, mask=h < NUM_KV_HEADS, other=0)
+            cpu_count = tl.load(cpu_counts_ptr + batch * stride_cpu_counts_batch + head)
             if DUE == 0:
                 due = tl.load(due_ptr + batch * stride_due) != 0
-            else:  # adaptive: the CPU's share of the request's selection passed beta
-                sel_counts = tl.load(counts_ptr + batch * stride_counts_batch + h, mask=h < NUM_KV_HEADS, other=0)
-                num_selected = tl.sum(sel_counts, axis=0)
-                share = tl.sum(cpu_counts, axis=0).to(tl.float64) / tl.maximum(num_selected, 1).to(tl.float64)
-                due = (num_selected > 0) & (share > recall_beta)
-            cpu_count = _pick(cpu_counts, h, head)
+            else:  # adaptive: the CPU's share of the row's selection passed beta
+                share = cpu_count.to(tl.float64) / tl.maximum(count, 1).to(tl.float64)
+                due = (count > 0) & (share > recall_beta)
             listed = (lanes < cpu_count) & ((lanes * 0 + due.to(tl.int32)) != 0)
             candidates = tl.load(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head
                                  + lanes, mask=listed, other=PAD)

@@ -182,16 +182,15 @@ class Oracle:
             f"{where}: window blocks in the resident buffer: {now}")
         after = now
         if c.mode == "scout" and decision.selected is not None and c.recall_policy != "off":
-            selected_counts = [len(x) for x in decision.selected[b]]
-            cpu_counts = [len(x) for x in decision.cpu_blocks[b]]
-            due = any(selected_counts) and policy.recall_due(c, layer, decision.step, cpu_counts, selected_counts)
+            cpu = decision.cpu_blocks[b][h]
+            due = bool(selected) and policy.recall_due(c, layer, decision.step, len(cpu), len(selected))
             caps = policy.recall_caps(c, block_bytes=self.block_bytes, num_layers=self.num_offloaded,
                                       batch_size=len(decision.rids), num_kv_heads=self.shape.num_kv_heads,
                                       step=decision.step)
             brake = self.brakes.setdefault(key, policy.Brake())
             after, withheld, left = policy.scout_recall(now, config=c, brake=brake,
                                         runs=self.runs.setdefault(key, {}), selected=selected,
-                                        cpu=decision.cpu_blocks[b][h], scores=scores, due=due, cap=caps[b][h],
+                                        cpu=cpu, scores=scores, due=due, cap=caps[b][h],
                                         position=n)
             self.report.withheld_blocks += withheld
             self.report.capped_blocks += left

@@ -162,14 +162,13 @@ def cpu_list(selected: list[int], device: set[int], capacity: int) -> list[int]:
     return [j for j in selected if j not in device][:capacity]
 
 
-def recall_due(config, layer: int, steps_done: int, cpu_counts: list[int], selected_counts: list[int]) -> bool:
-    """Whether a request's recall runs after this layer's attention (counts summed over KV heads)."""
+def recall_due(config, layer: int, steps_done: int, cpu_count: int, selected_count: int) -> bool:
+    """Whether one (request, KV head) row's recall runs after this layer's attention."""
     if config.recall_policy == "off":
         return False
     if config.recall_policy == "interval":
         return (steps_done + 1) % config.interval_for_layer(layer) == 0
-    selected = sum(selected_counts)
-    return selected > 0 and sum(cpu_counts) / selected > config.recall_beta
+    return selected_count > 0 and cpu_count / selected_count > config.recall_beta
 
 
 def tokens_of(blocks: list[int], tensor: torch.Tensor, head: int, block_size: int) -> torch.Tensor:

@@ -184,11 +184,10 @@ class PolicyEngine:
         c, key = self.config, (rid, layer)
         if c.mode != "scout" or c.recall_policy == "off" or not c.resident_capacity:
             return
-        cpu_counts = [len(blocks) for blocks in decision.cpu_blocks[b]]
-        selected_counts = [len(blocks) for blocks in decision.selected[b]]
-        due = any(selected_counts) and policy.recall_due(c, layer, self.steps[rid], cpu_counts, selected_counts)
         for h in range(self.shape.num_kv_heads):
+            selected, cpu = decision.selected[b][h], decision.cpu_blocks[b][h]
+            due = bool(selected) and policy.recall_due(c, layer, self.steps[rid], len(cpu), len(selected))
             self.resident[key][h], _, _ = policy.scout_recall(
                 self.resident[key][h], config=c, brake=self.brakes[(rid, layer, h)], runs=self.runs[(rid, layer, h)],
-                selected=decision.selected[b][h], cpu=decision.cpu_blocks[b][h], scores=decision.scores[b][h],
+                selected=selected, cpu=cpu, scores=decision.scores[b][h],
                 due=due, cap=self.caps[b][h], position=self.after[rid])

@@ -39,6 +39,7 @@ LEVEL, WAIT, MOVED = range(3)
 STATE_WORDS = 3  # then FRESH: one flag per resident slot
 FRESH = STATE_WORDS
 NO_RUN = -1  # a block never selected (position -1: never the previous one)
+MAX_RUN_POSITION = 1 << (31 - RUN_BITS)  # positions fit the word's upper 23 bits below this
 
 
 @dataclass

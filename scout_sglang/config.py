@@ -84,7 +84,8 @@ class ScoutConfig:
     def recall_quota(self) -> int:
         """Blocks one (request, layer, KV head) resident row may take in per step and phase (first fill, recall).
         By default its whole buffer; a smaller max_recall_blocks bounds the copies, and the blocks past it wait
-        (on the CPU meanwhile). Per row, so a request's decisions never depend on the batch it decodes in."""
+        (on the CPU meanwhile). Per row, so a request's decisions do not depend on the batch it decodes in, except
+        through scout's per-step recall cap when it binds (core/recall_budget.py splits it over the step's rows)."""
         if self.max_recall_blocks is not None:
             return min(self.max_recall_blocks, self.resident_capacity)
         return self.resident_capacity

@@ -36,7 +36,11 @@ def run_checked(mode, shape_name, **overrides):
     outputs = driver.run(engine)
     if mode != "full":
         assert (outputs - driver.dense()).abs().max() > 1e-2  # the budget really is sparse
-    return Oracle(config, shape, driver).check(engine.trace.decisions, outputs)
+    report = Oracle(config, shape, driver).check(engine.trace.decisions, outputs)
+    totals = [step.totals() for step in driver.telemetry]
+    for name in ("recalled_blocks", "withheld_blocks", "backed_off_rows"):  # the engine's own counters agree
+        assert sum(getattr(t, name) for t in totals) == getattr(report, name), name
+    return report
 
 
 @pytest.mark.parametrize("shape_name", sorted(SHAPES))

@@ -17,15 +17,16 @@ from scout_sglang.core.shape import ModelShape
 
 pytestmark = [requires_triton, pytest.mark.triton_interpret, pytest.mark.usefixtures("one_torch_thread")]
 SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
-COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks")
+COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks", "withheld_blocks",
+            "backed_off_rows")
 
 
-def run(mode, impl, **overrides):
+def run(mode, impl, steps=6, **overrides):
     settings = dict(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                     resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl=impl)
     engine = CoAttentionEngine(ScoutConfig(**(settings | overrides)), SHAPE, dtype=torch.float32, max_requests=3,
                                max_tokens_per_request=128)
-    driver = Driver(SHAPE, [20, 41, 7], 6, seed=1)  # 7 tokens: a request with no full block at first
+    driver = Driver(SHAPE, [20, 41, 7], steps, seed=1)  # 7 tokens: a request with no full block at first
     outputs = driver.run(engine)
     return outputs, [[getattr(step.totals(), name) for name in COUNTERS] for step in driver.telemetry]
 
@@ -47,3 +48,17 @@ def test_the_adaptive_recall_and_a_capped_cpu_list_agree_too():
     torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
     assert triton_counts == torch_counts
     assert sum(step[2] for step in torch_counts) > 0  # the capacity dropped blocks
+
+
+def test_recall_with_hysteresis_brake_and_a_binding_cap_agrees_too():
+    """Every request and head through the Triton kernel's brake: runs, back-off and the per-row caps of a cap
+    smaller than the rows (2 blocks per layer and step for 6 rows)."""
+    block_bytes = 2 * 8 * SHAPE.head_dim * 4
+    settings = dict(recall_policy="adaptive", recall_beta=0.1, token_budget=48, resident_blocks=3,
+                    recall_min_selected=2, recall_bytes_per_step=2 * block_bytes * 2)
+    torch_outputs, torch_counts = run("scout", "torch", steps=16, **settings)
+    triton_outputs, triton_counts = run("scout", "triton", steps=16, **settings)
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    totals = [sum(step[i] for step in torch_counts) for i in range(len(COUNTERS))]
+    assert totals[3] > 0 and totals[5] > 0  # recalled, and withheld by the hysteresis

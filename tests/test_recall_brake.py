@@ -1,6 +1,6 @@
 """Recall's brake (kernels.recall_brake) on scripted selections, in the torch path and the Triton kernel: a row
-whose recalls do not lower its CPU share backs off (every 2^level steps, quota >> level), the first probe that pays
-after the workload settles resumes it, and a block flickering into the selection for one step is never recalled.
+whose recalls do not pay (what they bring in is not selected again) backs off (every 2^level steps, quota >>
+level), the first probe that pays after the workload settles resumes it, and a block flickering into the selection for one step is never recalled.
 The policy model (tests/oracle/policy.py) is run beside it on the same script."""
 
 import pytest
@@ -109,7 +109,7 @@ def test_a_row_whose_recalls_do_not_pay_backs_off_and_resumes_when_the_selection
     moves = [row.step(settled) for _ in range(12)]
     first = next(i for i, moved in enumerate(moves) if moved)
     assert first <= 7  # the next probe, within 2^3 steps
-    assert row.level == 0  # it paid: the CPU share fell by more than half of what it moved
+    assert row.level == 0  # it paid: what it brought in is selected again
     assert sum(moves[first + 1:]) == RESIDENT - 1  # back to full speed: the buffer filled at once
 
 
@@ -136,3 +136,13 @@ def test_the_cap_bounds_every_recall(impl):
     assert [row.step(churn(t)) for t in range(5)] == [1] * 5
     row = Row(impl, brake=False, cap=0)
     assert [row.step(churn(t)) for t in range(3)] == [0] * 3
+
+
+def test_the_hysteresis_refuses_contexts_its_positions_cannot_count():
+    from scout_sglang.config import ScoutConfig
+    from scout_sglang.core.engine import CoAttentionEngine
+    from scout_sglang.core.shape import ModelShape
+
+    shape = ModelShape(num_layers=2, num_qo_heads=2, num_kv_heads=1, head_dim=8)
+    with pytest.raises(ValueError, match="23 bits"):  # checked before anything is allocated
+        CoAttentionEngine(ScoutConfig(recall_min_selected=2), shape, max_tokens_per_request=1 << 23)

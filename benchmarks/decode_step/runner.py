@@ -50,6 +50,11 @@ class EngineRun:
         synchronize(device)
         self.prefill_s = time.perf_counter() - start
         self.rows: list[dict] = []
+        # The recall cap follows the step time the engine measures between its plans; interleaved with other
+        # engines, its plans are further apart than its steps, so its clock runs only during its own steps.
+        self.own_s = 0.0
+        if self.engine.recall_budget is not None:
+            self.engine.recall_budget.clock = lambda: self.own_s
 
     def step(self, inputs, s: int, *, worker, layer_compute, timed: bool) -> None:
         """Decode step s of `inputs`; recorded when `timed`."""
@@ -71,6 +76,7 @@ class EngineRun:
         telemetry = engine.end_step()
         synchronize(device)
         step_s = time.perf_counter() - start
+        self.own_s += step_s
         busy_s = worker.take_busy_s()
         cpu_after = worker.thread_cpu_s()
         if not timed:

@@ -51,6 +51,7 @@ from scout_sglang.core.trace import (
     offloaded_layer_decision,
 )
 from scout_sglang.env import DEFAULT_CPU_DEADLINE_MS
+from scout_sglang.kernels.recall_brake import MAX_RUN_POSITION
 from scout_sglang.kernels.step_counters import COUNTER_NAMES
 from scout_sglang.layout import PAD_BLOCK
 
@@ -103,6 +104,9 @@ class CoAttentionEngine:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
             raise ValueError(f"dense_layers {config.dense_layers} out of range for {shape.num_layers} layers")
+        if config.recall_min_selected > 1 and max_tokens_per_request >= MAX_RUN_POSITION:
+            raise ValueError(f"recall_min_selected > 1 counts selection runs by token position in 23 bits: "
+                             f"max_tokens_per_request must be below {MAX_RUN_POSITION}, got {max_tokens_per_request}")
         self.config, self.shape = config, shape
         self.device, self.dtype = torch.device(device), dtype
         self.block_size = config.block_size
@@ -367,7 +371,7 @@ class CoAttentionEngine:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
         self._seq = self._seq % SEQ_LIMIT + 1
         if self.recall_budget is not None:
-            self.recall_budget.observe_step()
+            self.recall_budget.observe_step(decodes=bool(rids))
         bypass = self.handoff is not None and not self.handoff.use_worker()
         self.plan = self._build_plan(rows, bypass)
         if self.handoff is not None:
@@ -375,7 +379,7 @@ class CoAttentionEngine:
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
         if self.recall_budget is not None and rids:
-            self.telemetry.recall_cap_bytes += self.recall_budget.cap_bytes()
+            self.telemetry.recall_cap_bytes += self.recall_budget.cap_bytes(len(rids) * self.shape.num_kv_heads)
         if self.trace is not None:
             self.trace.begin_step()
         return self.plan

@@ -3,9 +3,11 @@
 Recall copies blocks host -> device over the link (PCIe) that the step's other
 traffic also uses. The cap is `recall_bytes_per_step` when the configuration
 gives one, else recall_link_gbps x recall_link_share x the step time, measured
-here as the interval between consecutive plans (an exponential average; an
-interval past IDLE_S is the server idling between steps and is not counted;
-STEP_S_GUESS until a step has been seen).
+here as the interval between consecutive plans: an exponential average, where
+an interval counts at most OUTLIER times the current estimate (a server idling
+between steps moves it by a fifth at most, a slower regime raises it step by
+step), an interval next to a step that decodes nothing (a CUDA graph's
+capture) does not count, and STEP_S_GUESS stands until a step has been seen.
 
 The cap is shared equally by the offloaded layers, and each layer's share by
 the rows of the step, (request, KV head) in order: every row gets the floor,
@@ -23,7 +25,7 @@ import time
 import torch
 
 STEP_S_GUESS = 0.02  # the first steps' cap assumes a 20 ms step
-IDLE_S = 1.0
+OUTLIER = 2.0  # an interval counts at most this many times the current estimate
 SMOOTHING = 0.2  # weight of the newest interval
 
 
@@ -47,11 +49,16 @@ class RecallBudget:
         self.step_s = STEP_S_GUESS
         self._last: float | None = None
 
-    def observe_step(self) -> None:
-        """A step is being planned: the interval since the last one updates the measured step time."""
+    def observe_step(self, decodes: bool = True) -> None:
+        """A step is being planned: the interval since the last one updates the measured step time. A step that
+        decodes nothing (a CUDA graph's capture, padding rows only) is not a step time and breaks the chain."""
         now = self.clock()
-        if self._last is not None and 0 < now - self._last <= IDLE_S:
-            self.step_s += SMOOTHING * (now - self._last - self.step_s)
+        if not decodes:
+            self._last = None
+            return
+        if self._last is not None and now > self._last:
+            interval = min(now - self._last, OUTLIER * self.step_s)
+            self.step_s += SMOOTHING * (interval - self.step_s)
         self._last = now
 
     def bytes_per_step(self) -> int:
@@ -66,9 +73,10 @@ class RecallBudget:
             return 0
         return self.bytes_per_step() // (self.block_bytes * self.num_layers)
 
-    def cap_bytes(self) -> int:
-        """The cap the rows' shares add up to at most: whole blocks in every layer."""
-        return self.blocks_per_layer() * self.block_bytes * self.num_layers
+    def cap_bytes(self, rows: int) -> int:
+        """What a step of `rows` (request, KV head) rows may recall at most: whole blocks in every layer, and no
+        more than the rows' quotas."""
+        return min(self.blocks_per_layer(), rows * self.quota) * self.block_bytes * self.num_layers
 
     def row_caps(self, batch_size: int, num_kv_heads: int, step: int) -> torch.Tensor:
         """[B, Hkv] int32: the blocks each row may recall in step number `step` (module docstring)."""

@@ -44,7 +44,7 @@ class ScoutConfig:
     recall_intervals: tuple[int, ...] = ()  # per-layer intervals, profiled offline (python -m scout_sglang.profiler)
     recall_beta: float = 0.12  # adaptive: a (request, layer, KV head) row recalls when its CPU blocks / selected blocks exceeds this
     # Hysteresis: a block is recalled once selected in this many consecutive steps (1: off, the default: on the
-    # heavy-hitter workload 2 kept each lasting newcomer a step longer on the CPU, 12.0% CPU ratio against 10.5%;
+    # heavy-hitter workload 2 kept each lasting newcomer a step longer on the CPU, 12.2% CPU ratio against 10.4%;
     # on the flat one it halved recall traffic, which the brake and the cap already bound; benchmarks/results/recall.md).
     recall_min_selected: int = 1
     recall_brake: bool = True  # a row backs off while what its recalls bring in is not selected again (docs/algorithm.md)

@@ -38,9 +38,16 @@ memory together (the report says which). One warm-up step (more for the
 ablation), then the median of the timed steps. On the CPU "device" the cores
 are split: torch ops get `--device-threads` (half the cores), the CPU worker
 the rest.
+Recall study (decode_step/recall_study.py; --only-recall runs it alone): scout
+on the heavy-hitter workload (Zipf-like block importance over drifting topics,
+--drift, a slow prediction error at --target-cosine) and on the flat one above,
+with recall and its brake, with a hysteresis of 2, without the brake and off,
+interleaved from the first decode step at --recall-shape: the CPU ratio, the
+selection's change rate and the recall traffic against its cap per step.
+
 Progress goes to stderr; the last stdout line is one JSON object. Without
---quick it writes benchmarks/results/decode_step.{md,json,png}. Benchmarks do
-not assert.
+--quick it writes benchmarks/results/decode_step.{md,json,png} and
+recall.{md,json,png}. Benchmarks do not assert.
 """
 
 # The parts live in the decode_step package beside this script (see its __init__).

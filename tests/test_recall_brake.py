@@ -8,6 +8,7 @@ import torch
 from oracle import policy
 from support import TRITON_DEVICE, requires_triton
 
+from scout_sglang.config import ScoutConfig
 from scout_sglang.kernels.recall_brake import LEVEL, WAIT, RecallBrake, new_runs, new_state
 from scout_sglang.kernels.stage_recall import bring_in
 from scout_sglang.kernels.step_counters import BACKED_OFF, NUM_COUNTERS, RECALLED, WITHHELD
@@ -66,7 +67,8 @@ class Row:
             if block in moved:
                 assert torch.all(self.dev_k[slot, 0].cpu() == block)
         model_brake, model_runs, model_row = self.model
-        config = Settings(self.min_selected, self.with_brake, self.max_backoff)
+        config = ScoutConfig(recall_min_selected=self.min_selected, recall_brake=self.with_brake,
+                             recall_max_backoff=self.max_backoff)
         expected, _, _ = policy.scout_recall(model_row, config=config, brake=model_brake, runs=model_runs,
                                              selected=selected, cpu=cpu, scores=scores[0, 0], due=True, cap=self.cap,
                                              position=self.position)
@@ -82,13 +84,6 @@ class Row:
     @property
     def level(self) -> int:
         return int(self.brake.state[1, 0, LEVEL])
-
-
-class Settings:
-    """The configuration fields policy.scout_recall reads."""
-
-    def __init__(self, min_selected, brake, max_backoff):
-        self.recall_min_selected, self.recall_brake, self.recall_max_backoff = min_selected, brake, max_backoff
 
 
 def churn(step: int) -> list[int]:
@@ -139,7 +134,6 @@ def test_the_cap_bounds_every_recall(impl):
 
 
 def test_the_hysteresis_refuses_contexts_its_positions_cannot_count():
-    from scout_sglang.config import ScoutConfig
     from scout_sglang.core.engine import CoAttentionEngine
     from scout_sglang.core.shape import ModelShape
 

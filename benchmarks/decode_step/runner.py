@@ -30,7 +30,7 @@ class EngineRun:
 
         self.args, self.device, self.batch_size = args, device, batch_size
         self.mode, self.label = mode, label or mode
-        self.layer_ahead, self.recall_policy = layer_ahead, recall_policy
+        self.layer_ahead = layer_ahead
         self.context = prompts.context
         shape = ModelShape(num_layers=args.layers, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS,
                            head_dim=HEAD_DIM)

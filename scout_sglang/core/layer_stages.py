@@ -51,7 +51,7 @@ class LayerStages:
         self.scale = engine.shape.softmax_scale
         self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_blocks > 0
         self.cpu_part = config.mode in CPU_MODES
-        self.recalls = config.mode == "scout" and config.recall_policy != "off" and self.resident
+        self.recalls = engine.recall_budget is not None  # scout, recall on, a resident buffer
         self.stage_impl = engine.stage_impl
         self.decode_impl = engine.decode_impl
         self.recall_index = {layer: i for i, layer in enumerate(engine.offloaded_layers)}

@@ -70,7 +70,7 @@ def run_on_pool(driver: Driver, engine: CoAttentionEngine, pool: ArrivalPool) ->
         for layer in range(SHAPE.num_layers):  # the transfer lands the prompt in the pool, token-major
             pool.k[layer][slots], pool.v[layer][slots] = driver.prompts[(b, layer)]
         engine.add_request(b)
-        engine.assign_host_pages(b, 0, block_pages(slots, BLOCK, b))
+        engine.assign_pages(b, 0, block_pages(slots, BLOCK, b))
         for layer in range(SHAPE.num_layers):
             engine.prefill(b, layer, pool.k[layer][slots], pool.v[layer][slots])
     outputs = []
@@ -78,7 +78,7 @@ def run_on_pool(driver: Driver, engine: CoAttentionEngine, pool: ArrivalPool) ->
         for b in rids:
             pool.extend(b, 1)
         for rid, block, page in completed_block_pages(pool.req_to_token, engine, rids):
-            engine.assign_host_pages(rid, block, [page])
+            engine.assign_pages(rid, block, [page])
         engine.begin_step(rids)
         per_layer = []
         for layer in range(SHAPE.num_layers):
@@ -155,7 +155,7 @@ def test_a_block_without_a_page_and_a_misshapen_store_are_refused():
         with pytest.raises(RuntimeError, match="needs 2 full blocks, 0 were assigned a page by the pool's owner"):
             engine.prefill(0, 1, k, k)
         with pytest.raises(ValueError, match="outside 1..63"):
-            engine.assign_host_pages(0, 0, [0])
+            engine.assign_pages(0, 0, [0])
     finally:
         engine.close()
     bad = pool.borrowed(range(1, SHAPE.num_layers))

@@ -49,11 +49,14 @@ def test_a_stock_prefill_backend_on_a_gpu_cannot_write_host_memory():
         pool_layout(args("flashinfer", decode="scout"), "cuda", False, SCOUT)
 
 
-def test_refuses_the_radix_cache_and_hierarchical_cache():
+def test_the_radix_cache_needs_pages_of_one_block_and_scout_running_prefill():
     assert pool_problems(args()) == []
-    problems = pool_problems(args(radix_off=False, enable_hierarchical_cache=True))
-    assert any("--disable-radix-cache" in p for p in problems)
+    assert pool_problems(args(radix_off=False, page_size=32), "logical", block_size=32) == []
+    problems = pool_problems(args(radix_off=False, enable_hierarchical_cache=True), "logical", block_size=32)
+    assert any("add --page-size 32 (or --disable-radix-cache)" in p for p in problems)
     assert any("--enable-hierarchical-cache" in p for p in problems)
+    decode_only = pool_problems(args(mode="decode", radix_off=False, page_size=32), "arrival", block_size=32)
+    assert decode_only and "add --disable-radix-cache" in decode_only[0]
 
 
 def test_logical_capacity_from_tokens_or_host_gib():

@@ -90,7 +90,9 @@ class CoAttentionEngine:
     cpu_set : the CPUs the worker this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
         None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one thread per `cpu_threads_per_group` of them
     host_store : a stores.BorrowedHostStore to keep the full blocks of the offloaded layers in (its owner assigns
-        each block's page: assign_host_pages); None: the engine allocates its own host store
+        each block's page: assign_pages); None: the engine allocates its own host store
+    assigned_pages : the caller picks the page of every block in every store (SGLang's allocator under its radix
+        cache: assign_pages), so requests that share a cached prefix share its pages (adopt_prefix)
     replay_launches : on the Triton path, replay each layer's recorded launches instead of running the stage
         code that makes them (launch_program.py); False runs the stage code every step
     """
@@ -99,7 +101,7 @@ class CoAttentionEngine:
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
                  cpu_worker=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
                  cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None,
-                 cpu_set=None, host_store=None, replay_launches: bool = True):
+                 cpu_set=None, host_store=None, assigned_pages: bool = False, replay_launches: bool = True):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -121,7 +123,8 @@ class CoAttentionEngine:
         pages = total_pages or max_requests * ceil_div(max_tokens_per_request, self.block_size)
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
                                           max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,
-                                          dtype=dtype, device=self.device, with_digests=config.mode == "quest")
+                                          dtype=dtype, device=self.device, with_digests=config.mode == "quest",
+                                          assigned_pages=assigned_pages)
         # scout's recall, with its brake (kernels.recall_brake) and cap (recall_budget.py)
         recalls = (config.mode == "scout" and config.recall_policy != "off" and config.resident_capacity > 0
                    and bool(self.offloaded_layers))
@@ -129,7 +132,7 @@ class CoAttentionEngine:
             self.offloaded_layers, num_host_pages=pages, max_requests=max_requests, max_blocks=self.max_blocks,
             shape=shape, block_size=self.block_size, sink_blocks=config.sink_blocks, local_blocks=config.local_blocks,
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
-            device=self.device, borrowed=host_store,
+            device=self.device, borrowed=host_store, assigned_pages=assigned_pages,
             selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
@@ -232,11 +235,56 @@ class CoAttentionEngine:
             previous[state.slot] = PAD_BLOCK
         self.requests[rid] = state
 
-    def assign_host_pages(self, rid: int, first_block: int, pages: list[int]) -> None:
-        """With a borrowed host store: full blocks first_block, first_block + 1, ... of `rid` live in `pages`
-        (before the write that fills them: prefill for a prompt's blocks, begin_step for the block a step
-        completes)."""
-        self.offloaded.assign_host_pages(rid, self.requests[rid].slot, first_block, pages)
+    def assign_pages(self, rid: int, first_block: int, pages: list[int]) -> None:
+        """Blocks first_block, first_block + 1, ... of `rid` live in `pages`, in every store whose pages the caller
+        assigns (a borrowed host store; every store with assigned_pages): before the write that fills them
+        (prefill for a prompt's blocks, begin_step for the block a step completes or, with assigned_pages,
+        starts)."""
+        slot = self.requests[rid].slot
+        if self.offloaded_layers and self.offloaded.assigned:
+            self.offloaded.assign_host_pages(rid, slot, first_block, pages)
+        if self.full_layers and self.full_store.assigned:
+            self.full_store.tables.assign(rid, slot, first_block, pages)
+
+    def assign_scratch(self, rid: int, first_block: int, count: int) -> None:
+        """Blocks first_block.. first_block + count - 1 of `rid` write into each store's scratch page (nothing reads
+        it): a request given up under assigned pages, which must not write into a page SGLang may share."""
+        slot = self.requests[rid].slot
+        if self.offloaded_layers and self.offloaded.assigned:
+            self.offloaded.host_tables.assign(rid, slot, first_block, [self.offloaded.host_scratch_page] * count)
+        if self.full_layers and self.full_store.assigned:
+            self.full_store.tables.assign(rid, slot, first_block, [self.full_store.scratch_page] * count)
+
+    def held_blocks(self, rid: int) -> int:
+        """Blocks of `rid` that have a page (with assigned pages: those the caller assigned)."""
+        return max(self.offloaded.host_pages.count(rid) if self.offloaded_layers else 0,
+                   self.full_store.pages.count(rid) if self.full_layers else 0)
+
+    def rebind_pages(self, rid: int, pages: list[int]) -> int:
+        """Blocks 0, 1, ... of `rid` now live in `pages` (assigned_pages: SGLang moved the request onto the radix
+        tree's copy of its prefix, the same K/V, and freed its own); returns the blocks that changed page."""
+        slot, changed = self.requests[rid].slot, 0
+        if self.offloaded_layers:
+            changed = self.offloaded.host_tables.rebind(rid, slot, pages)
+        if self.full_layers:
+            changed = max(changed, self.full_store.tables.rebind(rid, slot, pages))
+        return changed
+
+    def adopt_prefix(self, rid: int, num_tokens: int, pages: list[int]) -> None:
+        """A new request starts with a cached prefix of `num_tokens` tokens (whole blocks) in `pages`, written by
+        an earlier request (assigned_pages): it shares those blocks and their digests, and copies the ones its
+        window holds (sink and local) to its own window pages. Prefill then continues at `num_tokens`."""
+        state = self.requests[rid]
+        if not (self.offloaded.assigned or not self.offloaded_layers) or \
+                not (self.full_store.assigned or not self.full_layers):
+            raise RuntimeError("a cached prefix is adopted only when the caller assigns every page (assigned_pages)")
+        if state.num_tokens or num_tokens % self.block_size or len(pages) != num_tokens // self.block_size:
+            raise ValueError(f"request {rid}: a prefix of {num_tokens} tokens needs {num_tokens // self.block_size} "
+                             f"whole blocks on a new request; got {len(pages)} pages, {state.num_tokens} tokens held")
+        self.assign_pages(rid, 0, pages)
+        for layer in self.offloaded_layers:
+            self.offloaded.fill_window_from_host(layer, rid, num_tokens)
+        state.num_tokens = num_tokens
 
     def release_request(self, rid: int) -> None:
         """Free every host and device page of a request (finish, abort, retraction)."""
@@ -288,6 +336,9 @@ class CoAttentionEngine:
                                        + window * window_used),
             "host_bytes_allocated": off.host_bytes_owned(),  # a borrowed store's bytes are its owner's
             "host_bytes_used": off.host_pages.num_used * host_page,  # borrowed or not: the pages holding blocks
+            # pages more than one request holds (assigned pages: a shared prefix), counted once in the used bytes
+            "host_bytes_shared": getattr(off.host_pages, "num_shared", 0) * host_page,
+            "host_page_bytes": host_page,
         }
 
     # -- prefill (host work per chunk, outside the decode step) ------------------

@@ -30,6 +30,13 @@ itself. Their owner (SGLang's allocator) allocates and frees them; the engine
 is told which page holds each block (AssignedPageTable), and the first write of
 a full block, at admission, turns the page from the token-major layout it
 arrived in into the engine's head-major one in place.
+
+Under SGLang's radix cache (assigned pages) the engine owns its stores but
+SGLang's allocator picks every page: block j of a request lives in page
+req_to_token[j * S] // S of the host store (offloaded layers) and of the
+device-full store (dense layers). Requests that share a cached prefix are
+assigned the same pages, and so share the blocks, their digests (a digest row
+per host page) and their fill; the radix tree decides when a page is free.
 """
 
 from __future__ import annotations
@@ -90,15 +97,24 @@ class SlotPageTable:
 
 class AssignedPages:
     """PageAllocator's bookkeeping for pages someone else allocates: which pages each request's blocks were
-    assigned, in order. It allocates and frees nothing."""
+    assigned, in order. It allocates and frees nothing. Requests that share a cached prompt prefix (SGLang's
+    radix cache) are assigned the same pages for the same blocks: a page is counted once, and is `shared` while
+    more than one request holds it."""
 
-    def __init__(self, num_pages: int, *, name: str):
-        self.num_pages, self.name = num_pages, name
+    def __init__(self, num_pages: int, *, name: str, scratch_page: int | None = None):
+        self.num_pages, self.name, self.scratch_page = num_pages, name, scratch_page
         self._tables: dict[int, list[int]] = {}
+        self._holders: dict[int, int] = {}  # page -> requests that hold it (the scratch page is never counted)
 
     @property
     def num_used(self) -> int:
-        return sum(len(pages) for pages in self._tables.values())
+        """Distinct pages held by requests."""
+        return len(self._holders)
+
+    @property
+    def num_shared(self) -> int:
+        """Pages held by more than one request (a shared prefix's blocks)."""
+        return sum(1 for holders in self._holders.values() if holders > 1)
 
     def count(self, rid: int) -> int:
         return len(self._tables.get(rid, ()))
@@ -111,26 +127,67 @@ class AssignedPages:
         if first_block != len(have):
             raise ValueError(f"{self.name}: request {rid} holds {len(have)} blocks, block {first_block} cannot be "
                              "assigned next")
-        bad = [page for page in pages if not 0 < page < self.num_pages]  # page 0 is the scratch page
-        if bad:
-            raise ValueError(f"{self.name}: pages {bad[:4]} of request {rid} are outside 1..{self.num_pages - 1}")
+        self._check_range(rid, pages)
         have.extend(pages)
+        for page in pages:
+            self._hold(page)
+
+    def rebind(self, rid: int, pages: list[int]) -> int:
+        """Blocks 0, 1, ... of `rid` now live in `pages` (SGLang moved a request onto the radix tree's copy of its
+        prefix and freed its own); returns how many blocks changed page."""
+        have = self._tables.get(rid, [])
+        if len(pages) > len(have):
+            raise ValueError(f"{self.name}: request {rid} holds {len(have)} blocks, {len(pages)} cannot be rebound")
+        self._check_range(rid, pages)
+        changed = 0
+        for block, page in enumerate(pages):
+            if have[block] != page:
+                self._drop(have[block])
+                self._hold(page)
+                have[block], changed = page, changed + 1
+        return changed
 
     def release(self, rid: int) -> int:
-        return len(self._tables.pop(rid, []))
+        pages = self._tables.pop(rid, [])
+        for page in pages:
+            self._drop(page)
+        return len(pages)
 
     def check_consistent(self) -> None:
-        """No page is assigned to two blocks."""
-        owned = [p for pages in self._tables.values() for p in pages]
-        assert len(owned) == len(set(owned)), f"{self.name}: a page is assigned to two blocks"
+        """No page holds two different blocks: a page two requests share is the same block of both (a prefix)."""
+        block_of: dict[int, int] = {}
+        for pages in self._tables.values():
+            assert len(pages) == len(set(pages)), f"{self.name}: a request holds a page twice"
+            for block, page in enumerate(pages):
+                if page != self.scratch_page:
+                    assert block_of.setdefault(page, block) == block, f"{self.name}: page {page} holds two blocks"
+
+    def _check_range(self, rid: int, pages: list[int]) -> None:
+        # page 0 is SGLang's padding page; the scratch page stands in for a request that writes nothing kept
+        bad = [page for page in pages if not 0 < page < self.num_pages and page != self.scratch_page]
+        if bad:
+            raise ValueError(f"{self.name}: pages {bad[:4]} of request {rid} are outside 1..{self.num_pages - 1}")
+
+    def _hold(self, page: int) -> None:
+        if page != self.scratch_page:
+            self._holders[page] = self._holders.get(page, 0) + 1
+
+    def _drop(self, page: int) -> None:
+        if page == self.scratch_page:
+            return
+        self._holders[page] -= 1
+        if not self._holders[page]:
+            del self._holders[page]
 
 
 class AssignedPageTable(SlotPageTable):
-    """SlotPageTable over a borrowed host store: `assign` records which page holds each block (the pool's owner
-    allocated it); `ensure` only checks that it did; release forgets the pages and frees none."""
+    """SlotPageTable over pages someone else allocates (a borrowed host store, or SGLang's page ids under its
+    radix cache): `assign` records which page holds each block (the pool's owner allocated it); `ensure` only
+    checks that it did; release forgets the pages and frees none."""
 
-    def __init__(self, num_pages: int, max_requests: int, max_blocks: int, *, name: str):
-        self.pages = AssignedPages(num_pages, name=name)
+    def __init__(self, num_pages: int, max_requests: int, max_blocks: int, *, name: str,
+                 scratch_page: int | None = None):
+        self.pages = AssignedPages(num_pages, name=name, scratch_page=scratch_page)
         self.max_blocks = max_blocks
         self.table = torch.full((max_requests, max_blocks), PAD_BLOCK, dtype=torch.int32)  # [slots, NB] CPU
 
@@ -142,6 +199,13 @@ class AssignedPageTable(SlotPageTable):
                                   "(max_tokens_per_request)")
         self.pages.assign(rid, first_block, pages)
         self.table[slot, first_block:first_block + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+
+    def rebind(self, rid: int, slot: int, pages: list[int]) -> int:
+        """Blocks 0, 1, ... of `rid` now live in `pages` (AssignedPages.rebind); returns how many changed."""
+        changed = self.pages.rebind(rid, pages)
+        if changed:
+            self.table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        return changed
 
     def ensure(self, rid: int, slot: int, num_blocks: int) -> None:
         if num_blocks > self.pages.count(rid):
@@ -165,7 +229,7 @@ class DeviceFullStore:
     """Every block of every request on the device, for the given layers."""
 
     def __init__(self, layers, *, num_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
-                 block_size: int, dtype, device, with_digests: bool):
+                 block_size: int, dtype, device, with_digests: bool, assigned_pages: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.scratch_page = num_pages
@@ -175,8 +239,11 @@ class DeviceFullStore:
         digest_shape = (num_pages + 1, shape.num_kv_heads, shape.head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
-        self.tables = SlotPageTable(num_pages, max_requests, max_blocks, name="device full-KV pages")
+        name = "device full-KV pages"
+        self.tables = AssignedPageTable(num_pages, max_requests, max_blocks, name=name, scratch_page=num_pages) \
+            if assigned_pages else SlotPageTable(num_pages, max_requests, max_blocks, name=name)
         self.pages = self.tables.pages
+        self.assigned = assigned_pages
         self.device = device
 
     def ensure_tokens(self, rid: int, slot: int, num_tokens: int) -> None:
@@ -209,7 +276,8 @@ class OffloadedStore:
 
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
-                 borrowed: BorrowedHostStore | None = None, selection_runs: bool = False, recall_brake: bool = False):
+                 borrowed: BorrowedHostStore | None = None, assigned_pages: bool = False, selection_runs: bool = False,
+                 recall_brake: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -220,6 +288,7 @@ class OffloadedStore:
         self.device = device
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
         self.borrowed = borrowed is not None
+        self.assigned = self.borrowed or assigned_pages  # the pool's owner assigns each block's host page
         if borrowed is None:
             self.host_scratch_page = num_host_pages
             host_shape = (num_host_pages + 1, num_kv_heads, block_size, head_dim)
@@ -227,7 +296,9 @@ class OffloadedStore:
             # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
             self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
             self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
-            self.host_tables = SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
+            self.host_tables = AssignedPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages",
+                                                 scratch_page=num_host_pages) if assigned_pages else \
+                SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
         else:
             check_borrowed(borrowed, self.layers, (num_kv_heads, block_size, head_dim), dtype)
             self.host_scratch_page = borrowed.scratch_page
@@ -290,9 +361,10 @@ class OffloadedStore:
         self.host_tables.ensure(rid, slot, num_full)
 
     def assign_host_pages(self, rid: int, slot: int, first_block: int, pages: list[int]) -> None:
-        """A borrowed store's pages of blocks first_block, first_block + 1, ... of `rid`."""
-        if not self.borrowed:
-            raise RuntimeError("host pages are assigned only to a borrowed host store; this engine owns its own")
+        """The assigned pages of blocks first_block, first_block + 1, ... of `rid`."""
+        if not self.assigned:
+            raise RuntimeError("host pages are assigned only when the pool's owner allocates them; this engine "
+                               "allocates its own")
         self.host_tables.assign(rid, slot, first_block, pages)
 
     def window_page(self, rid: int, block: int) -> int:
@@ -324,6 +396,18 @@ class OffloadedStore:
                              device=self.device)
         offsets = torch.tensor([p % self.block_size for p in positions], device=self.device)
         write_tokens(self.dev_k[layer], self.dev_v[layer], pages, offsets, k, v)
+
+    def fill_window_from_host(self, layer: int, rid: int, num_tokens: int) -> None:
+        """Copy the full blocks the window of a request of `num_tokens` tokens holds from its host pages (an
+        adopted prefix: whole blocks, nothing in the tail)."""
+        blocks = [j for j in self.window_blocks(num_tokens) if j < num_tokens // self.block_size]
+        if not blocks:
+            return
+        table = self.host_pages.table(rid)
+        host = torch.tensor([table[j] for j in blocks], dtype=torch.long)
+        window = torch.tensor([self.window_page(rid, j) for j in blocks], device=self.device)
+        self.dev_k[layer][window] = self.host_k[layer][host].to(self.device)
+        self.dev_v[layer][window] = self.host_v[layer][host].to(self.device)
 
     def copy_blocks_to_host(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor,
                             v_blocks: torch.Tensor) -> None:

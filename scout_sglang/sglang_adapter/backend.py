@@ -39,7 +39,7 @@ from scout_sglang.env import (
     pool_settings_from_env,
 )
 from scout_sglang.kernels.prefill import chunk_prefill_attention
-from scout_sglang.sglang_adapter import memory_report
+from scout_sglang.sglang_adapter import memory_report, prefix_pages
 from scout_sglang.sglang_adapter.arrival_pages import (
     block_pages,
     borrowed_host_store,
@@ -146,6 +146,7 @@ class ScoutAttnBackend:
             _config_logged = True
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
+        self.allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         pool = self.token_to_kv_pool
         self.layout = getattr(pool, LAYOUT_ATTRIBUTE, "stock")
@@ -177,6 +178,9 @@ class ScoutAttnBackend:
         if faults is not None:
             logger.warning("scout: SCOUT_TEST_FAULTS injects faults: %s", faults)
         self.host_store = None  # the arrival pool's pages, when they are the engine's host store
+        # Under SGLang's radix cache every block lives in the page SGLang gave it, shared by the requests whose
+        # prompts start with it (prefix_pages.py; kv_pool.py checked that a page is one block)
+        self.shares_prefixes = self.layout == "logical" and not model_runner.server_args.disable_radix_cache
         offloaded = memory_report.layer_split(self.config, self.shape.num_layers)[0]
         if self.layout == "arrival" and offloaded and shares_arrival_pool(pool.page_size, self.config.block_size):
             self.host_store = borrowed_host_store(pool, offloaded, self.config.block_size, self.device)
@@ -190,7 +194,8 @@ class ScoutAttnBackend:
                                         total_pages=total_pages, track_changes=False,
                                         cpu_deadline_ms=cpu_deadline_ms(),
                                         cpu_faults=faults if faults is not None and faults.cpu_faults else None,
-                                        cpu_set=list(self.cores.workers), host_store=self.host_store)
+                                        cpu_set=list(self.cores.workers), host_store=self.host_store,
+                                        assigned_pages=self.shares_prefixes)
         if self.place.tp_size > 1:
             cpus = (self.engine.cpu_worker_state() or {}).get("cpus")
             logger.info("scout: tensor-parallel rank %d of %d (process %d of %d on this host): %d query and %d KV "
@@ -204,7 +209,7 @@ class ScoutAttnBackend:
         self._graph_step = False  # the planned step is a captured graph's: its host commits it later, unread
         self._collected = float("-inf")  # time.monotonic() of the last read of a graph's telemetry
         self._last_rids: list[int] = []
-        self._extend_plan: list[tuple[int, int, int]] = []
+        self._extend_plan: list[tuple[int, int, int, bool]] = []  # (slot, prefix, length, store in the engine)
         self.predictor = None
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
@@ -278,7 +283,7 @@ class ScoutAttnBackend:
         v = v.reshape(-1, self.shape.num_kv_heads, head_dim)
         out = torch.empty_like(q)
         offset = 0
-        for rid, prefix, length in self._extend_plan:
+        for rid, prefix, length, store in self._extend_plan:
             rows = slice(offset, offset + length)
             offset += length
             keys, values = k[rows], v[rows]
@@ -287,7 +292,8 @@ class ScoutAttnBackend:
                 keys = torch.cat([prefix_k.to(k.dtype), keys])
                 values = torch.cat([prefix_v.to(v.dtype), values])
             out[rows] = chunk_prefill_attention(q[rows], keys, values, scale=layer.scaling)
-            self.engine.extend(rid, layer_id, prefix, k[rows], v[rows])
+            if store:
+                self.engine.extend(rid, layer_id, prefix, k[rows], v[rows])
         return out.reshape(-1, heads * head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -372,8 +378,15 @@ class ScoutAttnBackend:
         report["cpu_worker"] = self.engine.cpu_worker_state()
         report["cores"] = self.cores.as_report()
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
-                                               self.req_to_token_pool.size)
+                                               self.req_to_token_pool.size, self._pool_pages_used())
         return report
+
+    def _pool_pages_used(self) -> int | None:
+        """Under the radix cache: the pages SGLang's allocator has given out (requests' and the tree's)."""
+        allocator = self.allocator if self.shares_prefixes else None
+        if allocator is None:
+            return None
+        return (allocator.size - allocator.available_size()) // self.config.block_size
 
     def close(self) -> None:
         """The server exits: stop and join the engine's CPU worker threads (idempotent)."""
@@ -422,9 +435,26 @@ class ScoutAttnBackend:
                 self._admit(rid, seq_len - 1)
         if self.host_store is not None:
             for rid, block, page in completed_block_pages(self.req_to_token_pool.req_to_token, self.engine, rids):
-                self.engine.assign_host_pages(rid, block, [page])
+                self.engine.assign_pages(rid, block, [page])
+        if self.shares_prefixes:
+            self._assign_started_blocks(rids)
         self.engine.begin_step(rids, rows=max(rows, padded or 0))
         self._last_rids = rids
+
+    def _assign_started_blocks(self, rids: list[int]) -> None:
+        """Under the radix cache: the page of each block the step's token starts, as SGLang allocated it (a
+        request given up writes its stand-in's token into the scratch page instead)."""
+        size, live = self.config.block_size, []
+        for rid in rids:
+            if rid in self.failures.given_up:
+                tokens = self.engine.requests[rid].num_tokens
+                if tokens % size == 0:
+                    self.engine.assign_scratch(rid, tokens // size, 1)
+            else:
+                live.append(rid)
+        for rid, block, page in prefix_pages.started_block_pages(self.req_to_token_pool.req_to_token, self.engine,
+                                                                 live):
+            self.engine.assign_pages(rid, block, [page])
 
     def _give_up(self, slot: int, request_id: str | None, stage: str, message: str) -> None:
         """The request in `slot` cannot go on (request_failures.py): free its engine state, put an empty
@@ -434,29 +464,67 @@ class ScoutAttnBackend:
         self.engine.add_request(slot)
 
     def _begin_extend(self, forward_batch) -> None:
-        """Admit the requests whose prefill starts; check that continued chunks continue what the engine holds
-        (a chunk that does not is given up, and computed over itself alone)."""
+        """Admit the requests whose prefill starts (under the radix cache, with the cached prefix they start
+        with); check that continued chunks continue what the engine holds (a chunk that does not is given up,
+        and computed over itself alone)."""
         rids = _host_list(forward_batch, "req_pool_indices")
         prefixes, lengths = list(forward_batch.extend_prefix_lens_cpu), forward_batch.extend_seq_lens_cpu
         request_ids = getattr(forward_batch, "rids", None) or [None] * len(rids)
         continued = [row for row, prefix in enumerate(prefixes) if prefix]
         self.failures.inject(self.engine, [rids[row] for row in continued], [request_ids[row] for row in continued],
                              continued_chunks=True)
+        stores, adopting = [True] * len(rids), set()
         for row, (rid, prefix) in enumerate(zip(rids, prefixes)):
             known = self.engine.requests.get(rid)
-            if prefix == 0:
-                if known is not None:
-                    logger.warning("request slot %d starts a prefill while holding %d tokens: releasing them",
-                                   rid, known.num_tokens)
-                    self.engine.release_request(rid)
+            if prefix and known is not None and known.num_tokens == prefix:
+                continue  # a continued chunk
+            if known is not None:
+                logger.warning("request slot %d starts a prefill while holding %d tokens: releasing them",
+                               rid, known.num_tokens)
+                self.engine.release_request(rid)
+            if prefix == 0 or (self.shares_prefixes and prefix % self.config.block_size == 0):
                 self.engine.add_request(rid)
                 self.stats.admitted_requests += 1
-            elif known is None or known.num_tokens != prefix:
-                self._give_up(rid, request_ids[row], "prefill",
-                              f"request slot {rid} continues a prefill at token {prefix}, but the scout engine "
-                              f"holds {known.num_tokens if known else 'no'} tokens of it")
-                prefixes[row] = 0
-        self._extend_plan = list(zip(rids, prefixes, lengths))
+                if prefix:
+                    adopting.add(row)  # a radix-cache hit: the prefix's pages hold its K/V
+                continue
+            self._give_up(rid, request_ids[row], "prefill",
+                          f"request slot {rid} continues a prefill at token {prefix}, but the scout engine holds "
+                          f"{known.num_tokens if known else 'no'} tokens of it")
+            prefixes[row] = 0
+            # under the radix cache the stand-in writes nothing: its rows are the request's, which the tree may keep
+            stores[row] = not self.shares_prefixes
+        if self.shares_prefixes:
+            self._assign_chunk_pages(rids, prefixes, lengths, stores, adopting)
+        self._extend_plan = list(zip(rids, prefixes, lengths, stores))
+
+    def _assign_chunk_pages(self, rids, prefixes, lengths, stores, adopting) -> None:
+        """Under the radix cache: the pages of the blocks each chunk writes, and the cached prefix's pages for the
+        requests that adopt one, from req_to_token (one read for the batch)."""
+        size = self.config.block_size
+        rows = [row for row in range(len(rids)) if stores[row]]
+        wanted = [(rids[row], 0 if row in adopting else self.engine.held_blocks(rids[row]),
+                   -(-(prefixes[row] + lengths[row]) // size)) for row in rows]
+        for row, (rid, first, _), pages in zip(rows, wanted, prefix_pages.block_pages(
+                self.req_to_token_pool.req_to_token, wanted, size)):
+            if row in adopting:
+                cached = prefixes[row] // size
+                self.engine.adopt_prefix(rid, prefixes[row], pages[:cached])
+                self.stats.add_prefix_hit(prefixes[row])
+                first, pages = cached, pages[cached:]
+            self.engine.assign_pages(rid, first, pages)
+
+    def rebind_from_pool(self, slot: int, cached_tokens: int) -> None:
+        """SGLang checkpointed the running request in `slot`: its first `cached_tokens` tokens are in the radix
+        tree now, which may have moved it onto the tree's pages for blocks it computed itself (the same K/V) and
+        freed its own: the engine's tables follow (one read of req_to_token)."""
+        if not self.shares_prefixes or slot not in self.engine.requests or slot in self.failures.given_up:
+            return
+        blocks = min(cached_tokens // self.config.block_size, self.engine.held_blocks(slot))
+        if blocks:
+            pages = prefix_pages.block_pages(self.req_to_token_pool.req_to_token, [(slot, 0, blocks)],
+                                             self.config.block_size)[0]
+            self.engine.rebind_pages(slot, pages)
 
     def _admit(self, rid: int, num_tokens: int) -> None:
         """Move a request's prompt (and earlier tokens) from SGLang's pool into the engine: with a borrowed host
@@ -466,7 +534,7 @@ class ScoutAttnBackend:
         slots = self.req_to_token_pool.req_to_token[rid, :num_tokens].long()
         slots = slots.to(self.token_to_kv_pool.get_key_buffer(0).device)
         if self.host_store is not None:
-            self.engine.assign_host_pages(rid, 0, block_pages(slots, self.config.block_size, rid))
+            self.engine.assign_pages(rid, 0, block_pages(slots, self.config.block_size, rid))
         for layer_id in range(self.shape.num_layers):
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]

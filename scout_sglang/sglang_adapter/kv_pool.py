@@ -25,6 +25,9 @@ Layouts, chosen from the server's arguments:
            another page size the K/V is copied into the engine's own store
            (two host copies, logged).
 SCOUT_KV_POOL=stock keeps SGLang's own device pool (every token on the device).
+Under the radix cache (logical layout, --page-size = the block size) the
+engine's stores are addressed by SGLang's page ids (prefix_pages.py), so a
+cached prefix is stored once and SGLang's eviction frees its pages.
 
 Before SGLang goes on, the engine's stores for L are planned
 (memory_report.planned_bytes), logged, and checked against the free memory:
@@ -70,12 +73,21 @@ def pool_layout(server_args, device: str, is_draft_worker: bool, settings: PoolS
     return "arrival"
 
 
-def pool_problems(server_args) -> list[str]:
-    """Server arguments the scout pool cannot serve (empty: fine)."""
+def pool_problems(server_args, layout: str = "logical", block_size: int | None = None) -> list[str]:
+    """Server arguments the scout pool of `layout` cannot serve (empty: fine); block_size: the engine's (default:
+    SCOUT_BLOCK_SIZE)."""
     problems = []
     if not server_args.disable_radix_cache:
-        problems.append("the radix cache (a later request would reuse K/V the engine freed with its first owner): "
-                        "add --disable-radix-cache")
+        block_size = block_size or config_from_env().block_size
+        page_size = getattr(server_args, "page_size", None) or 1
+        if layout != "logical":
+            problems.append("the radix cache on an instance where scout only decodes (prefix reuse needs scout to "
+                            "run prefill too; a PD prefill instance keeps its own radix cache): add "
+                            "--disable-radix-cache")
+        elif page_size != block_size:
+            problems.append(f"the radix cache with --page-size {page_size}: scout shares a cached prefix in whole "
+                            f"blocks of {block_size} tokens, so SGLang's pages must be blocks: add --page-size "
+                            f"{block_size} (or --disable-radix-cache)")
     if getattr(server_args, "enable_hierarchical_cache", False):
         problems.append("--enable-hierarchical-cache (the scout pool already keeps K/V in host memory): remove it")
     if getattr(server_args, "dcp_size", 1) not in (None, 1) or getattr(server_args, "attn_cp_size", 1) not in (None, 1):
@@ -188,7 +200,7 @@ def configure_around(original, configurator, *args, **kwargs):
     layout = pool_layout(server_args, configurator.device, configurator.is_draft_worker, settings)
     if layout is None:
         return original(configurator, *args, **kwargs)
-    problems = pool_problems(server_args)
+    problems = pool_problems(server_args, layout)
     if problems:
         raise RuntimeError("the scout KV pool cannot serve this server:\n  - " + "\n  - ".join(problems))
     import msgspec

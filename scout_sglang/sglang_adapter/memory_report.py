@@ -148,10 +148,12 @@ def startup_message(engine, layout: str, logical_tokens: int, context: int, sgla
             f"{size_text(memory['host_bytes_allocated'] + sglang_pool['host'])}")
 
 
-def usage(engine, layout: str, pool, slots: int | None = None) -> dict:
+def usage(engine, layout: str, pool, slots: int | None = None, pool_pages_used: int | None = None) -> dict:
     """Live usage in tokens and bytes (the "memory" entry of the statistics and the metrics); `slots`: the
-    engine's request slots."""
+    engine's request slots; `pool_pages_used`: under the radix cache, the pages SGLang's allocator has given
+    out (those no running request holds are the radix tree's cache)."""
     memory, sglang = engine.memory(), sglang_pool_bytes(pool, layout)
+    page, held = memory["host_page_bytes"], engine.offloaded.host_pages.num_used if engine.offloaded_layers else 0
     block = engine.block_size
     tokens = memory["tokens"]
     return {
@@ -168,6 +170,11 @@ def usage(engine, layout: str, pool, slots: int | None = None) -> dict:
         "sglang_pool_device_bytes": sglang["device"],
         "dense_layers": list(engine.full_layers),
         "host_bytes_used": memory["host_bytes_used"],
+        "host_bytes_shared": memory["host_bytes_shared"],
+        "host_page_bytes": page,  # one block of every offloaded layer
+        "host_bytes_private": memory["host_bytes_used"] - memory["host_bytes_shared"],
+        "host_bytes_cached": max(0, pool_pages_used - held) * page
+        if pool_pages_used is not None and engine.offloaded_layers else 0,
         "host_bytes_allocated": memory["host_bytes_allocated"] + sglang["host"],
         "full_attention_bytes": tokens * token_bytes_per_layer(engine) * engine.shape.num_layers,
         "token_bytes": token_bytes_per_layer(engine) * engine.shape.num_layers,  # K and V of a token, all layers

@@ -7,7 +7,8 @@ the version message when (and only when) `scout` is selected; a bad
 SCOUT_LOG_LEVEL (applied to the `scout_sglang` loggers here) stops it the same
 way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
-request release (finish, abort, retraction), an AFTER hook that adds the
+request release (finish, abort, retraction), an AFTER hook on a running request's checkpoint into the
+radix tree (prefix_pages.py), an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
 "internal_states"[i]["scout"], and every tensor-parallel rank's in
 "scout_ranks"), an AFTER hook on the scheduler's release of host
@@ -27,6 +28,7 @@ from scout_sglang.sglang_adapter.version import SGLANG_VERSION, version_problem
 logger = logging.getLogger("scout_sglang.sglang_adapter")
 BACKEND_NAME = "scout"
 RELEASE_TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
+CHECKPOINT_TARGET = "sglang.srt.mem_cache.common.checkpoint_kv_cache"
 STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                 "SchedulerInternalStateController.get_internal_state")
 EXIT_TARGET = "sglang.srt.managers.scheduler.Scheduler.release_host_resources"
@@ -68,6 +70,7 @@ def register() -> None:
 
         HookRegistry.register(kv_pool.TARGET, kv_pool.configure_around, HookType.AROUND)
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
+        HookRegistry.register(CHECKPOINT_TARGET, _after_checkpoint, HookType.AFTER)
         HookRegistry.register(STATE_TARGET, _add_statistics, HookType.AFTER)
         HookRegistry.register(EXIT_TARGET, _close_backends, HookType.AFTER)
         HookRegistry.register(RUN_BATCH_TARGET, _abort_failed_requests, HookType.AFTER)
@@ -96,6 +99,18 @@ def _before_release(*args, **kwargs):
     if index is not None:
         for backend in list(LIVE_BACKENDS):
             backend.release(int(index))
+    return None
+
+
+def _after_checkpoint(result, *args, **kwargs):
+    """A running request's tokens went into the radix tree (checkpoint_kv_cache(req, tree_cache)): its pages may
+    now be the tree's; every backend's engine follows (prefix_pages.py)."""
+    req = args[0] if args else kwargs.get("req")
+    kv = getattr(req, "kv", None)
+    index = getattr(kv, "req_pool_idx", None)
+    if index is not None:
+        for backend in list(LIVE_BACKENDS):
+            backend.rebind_from_pool(int(index), int(getattr(kv, "cache_protected_len", 0) or 0))
     return None
 
 

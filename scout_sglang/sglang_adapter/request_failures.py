@@ -10,7 +10,8 @@ ways SGLang's scheduler does from inside a batch: a running request gets `to_fin
 the scheduler's pending chunked abort with that reason (as Scheduler.abort_request makes it, without the
 rid-prefix match that could catch other requests), so no further chunk runs. Its client gets HTTP 500 with
 the message (a streaming one gets that finish reason), SGLang releases it (the release hook frees the
-stand-in), and the other requests of the batch go on. Until then a given-up request may run once more
+stand-in), and the other requests of the batch go on. Under the radix cache the request is barred from the
+tree (its last rows hold no K/V), so no later request can match them. Until then a given-up request may run once more
 (an in-flight chunk, or a step scheduled before the abort landed): it gets a stand-in again, not a second
 failure.
 
@@ -83,6 +84,7 @@ def abort_failed_requests(scheduler, reqs, failures: dict[int, str]) -> None:
         if message is None or req.finished():
             continue
         reason = FINISH_ABORT(f"scout: {message}", HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+        req.skip_radix_cache_insert = True  # its last rows hold no K/V: the radix tree must not keep them
         if getattr(scheduler, "chunked_req", None) is req:
             req.discard_output_reason = reason
             scheduler._pending_chunked_abort_req = req

@@ -35,6 +35,8 @@ class ServingStats:
     cosine_count: int = 0
     admitted_requests: int = 0
     released_requests: int = 0
+    prefix_hits: int = 0  # requests admitted with a cached prefix (radix cache)
+    prefix_tokens: int = 0  # prompt tokens those requests did not prefill
     max_batch_size: int = 0  # most requests decoded together in one step
     cpu_fallbacks: dict = field(default_factory=lambda: dict.fromkeys(FALLBACK_CAUSES, 0))  # cause -> layers
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # per collection: _recent_entry
@@ -55,6 +57,11 @@ class ServingStats:
             self.timings[key] = self.timings.get(key, 0.0) + seconds
         for cause, count in telemetry.cpu_fallbacks.items():
             self.cpu_fallbacks[cause] = self.cpu_fallbacks.get(cause, 0) + count
+
+    def add_prefix_hit(self, tokens: int) -> None:
+        """A request admitted with a cached prefix of `tokens` tokens, which it does not prefill."""
+        self.prefix_hits += 1
+        self.prefix_tokens += tokens
 
     def add_cosines(self, values) -> None:
         """Adds one layer's cosines [B] inside the layer loop without reading them: the sum stays on their
@@ -84,6 +91,7 @@ class ServingStats:
             "predicted_queries": self.cosine_count,
             "admitted_requests": self.admitted_requests,
             "released_requests": self.released_requests,
+            "prefix": {"hits": self.prefix_hits, "prefill_tokens_saved": self.prefix_tokens},
             "timings_ms": {key: round(1e3 * value, 3) for key, value in sorted(self.timings.items())},
             "usage": usage,
         }

@@ -35,6 +35,7 @@ ENV MODEL_PATH=/models/model
 EXPOSE 30000
 
 # Decode CUDA graphs stay on: the backend switches them to SGLang's breakable graphs (not yet run
-# on a GPU). --disable-radix-cache: the scout pool frees a request's K/V with it (docs/deployment.md).
+# on a GPU). --page-size 32 (the default preset's block size) keeps SGLang's radix cache: shared prompt
+# prefixes are reused and held once (docs/deployment.md, "Prefix reuse").
 # `sh -c` expands $MODEL_PATH; `exec` lets the server receive docker's signals.
-CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --disable-radix-cache --host 0.0.0.0 --port 30000"]
+CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path \"$MODEL_PATH\" --attention-backend scout --page-size 32 --host 0.0.0.0 --port 30000"]

@@ -6,11 +6,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test mutants bench-quick bench bench-gpu bench-capacity validate-plan soak demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-gpu bench-capacity bench-prefix validate-plan soak demo harness-setup train-retrieval clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh scripts/setup_serving_env.sh scripts/serving-requirements.txt $(wildcard cpu_serving/*.py cpu_serving/sgl_kernel/*.py)
+$(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh scripts/setup_serving_env.sh scripts/serving-requirements.txt benchmarks/requirements.txt $(wildcard cpu_serving/*.py cpu_serving/sgl_kernel/*.py)
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_env.sh
 	VENV=$(VENV) bash scripts/setup_serving_env.sh
 	touch $(STAMP)
@@ -43,6 +43,11 @@ bench-gpu:
 bench-capacity: $(STAMP)
 	$(VENV)/bin/pip install -q -c constraints.txt -r benchmarks/requirements.txt
 	$(PY) -P benchmarks/bench_capacity.py
+
+# Prefix reuse: scout with SGLang's radix cache against scout without it and the stock backend with it, on
+# SGLang's generated-shared-prefix workload (bench_serving) -> benchmarks/results/prefix.{json,md,png}.
+bench-prefix: $(STAMP)
+	$(PY) -P benchmarks/bench_prefix.py
 
 # A real scout server under 10 minutes of mixed OpenAI traffic (64 clients, chat and
 # completions, streamed and not, 10% disconnects, 5% of CPU tasks failing on purpose);

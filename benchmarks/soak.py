@@ -1,10 +1,13 @@
 """Soak: a real scout server under mixed OpenAI traffic for minutes, every completed answer checked.
 
 A scout server on the bundled needle model (`python -m sglang.launch_server
---attention-backend scout`, on the CPU when there is no GPU) gets N minutes of
-C concurrent clients. Each client loops: a needle prompt of 256 to 4096 tokens
-(a fixed pool), chat or completions, streamed or not; a share of the streams
-disconnects after the first event. Optionally a share of the CPU attention
+--attention-backend scout`, on the CPU when there is no GPU, with SGLang's
+radix cache on) gets N minutes of C concurrent clients. Each client loops: a
+needle prompt of 256 to 4096 tokens (a fixed pool), chat or completions,
+streamed or not; a share of the streams disconnects after the first event. A
+share of the pool's prompts (--shared-prefix) start with one common preamble,
+so the radix cache shares its K/V between requests and evicts it under
+pressure. Optionally a share of the CPU attention
 tasks fails on purpose (SCOUT_TEST_FAULTS: the layer computes the part itself).
 
 Every completed answer is compared with the reference decoder's greedy answer
@@ -35,6 +38,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 6  # `K V1 V2 . <eos>` and one more: the server stops at <eos>
 SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
+BLOCK = 16  # the tiny preset's block size: SGLang's page size under the radix cache
+PREAMBLE_TOKENS = 1024  # the common start of the shared-prefix prompts
 
 
 def log(message: str) -> None:
@@ -46,6 +51,22 @@ def prompt_pool(count: int, lengths: list[int], seed: int) -> list:
     from scout_sglang.retrieval.evaluate import held_out
 
     return [held_out(1, lengths[i % len(lengths)], seed=seed + i)[0] for i in range(count)]
+
+
+def with_shared_prefix(samples: list, share: float, seed: int) -> tuple[list, set[int]]:
+    """Every round(1 / share)-th sample starts with one common preamble of filler words (after <bos>); returns
+    the samples and the indices of those that do."""
+    from dataclasses import replace
+
+    from scout_sglang.retrieval import data
+
+    if share <= 0:
+        return samples, set()
+    rng = random.Random(seed)
+    preamble = data.ids([rng.choice(data.FILLER) for _ in range(PREAMBLE_TOKENS)])
+    shared = set(range(0, len(samples), max(1, round(1 / share))))
+    return [replace(s, prompt=s.prompt[:1] + preamble + s.prompt[1:]) if i in shared else s
+            for i, s in enumerate(samples)], shared
 
 
 def reference_answers(samples: list, env: dict) -> list[list[str]]:
@@ -122,7 +143,8 @@ def client_loop(index: int, base: str, samples, answers, args, end: float, recor
         start = time.monotonic()
         outcome, text = ask(base, texts[pick], chat=chat, stream=stream, disconnect=disconnect, timeout=args.timeout)
         record = {"t": start, "latency_s": time.monotonic() - start, "outcome": outcome, "prompt": pick,
-                  "tokens": len(samples[pick].prompt), "chat": chat, "stream": stream}
+                  "tokens": len(samples[pick].prompt), "chat": chat, "stream": stream,
+                  "shared_prefix": pick in args.shared}
         if outcome == "completed":
             record["identical"] = text.split() == answers[pick]
             if not record["identical"]:
@@ -156,14 +178,15 @@ def soak(args) -> dict:
     from scout_sglang.server.launch import launched_server
 
     lengths = [int(x) for x in args.lengths.split(",")]
-    samples = prompt_pool(args.prompts, lengths, seed=5150)
-    log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens")
+    samples, args.shared = with_shared_prefix(prompt_pool(args.prompts, lengths, seed=5150), args.shared_prefix, 5151)
+    log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens ({len(args.shared)} of them "
+        f"after a common {PREAMBLE_TOKENS}-token preamble)")
     answers = reference_answers(samples, SCOUT_ENV)
     env = dict(SCOUT_ENV)
     if args.faults > 0:
         env.update(SCOUT_TEST_FAULTS=f"cpu_raise:{args.faults},seed:1", SCOUT_TEST_FAULTS_ALLOW="1")
     server_args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
-                   "--max-running-requests", str(args.clients), "--disable-radix-cache", "--enable-metrics")
+                   "--max-running-requests", str(args.clients), "--page-size", str(BLOCK), "--enable-metrics")
     records, rss, lock = [], [], threading.Lock()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "server.log"
@@ -230,6 +253,10 @@ def summarize(records, rss, stats, health, start, args) -> dict:
         "rss_over_time": [{"t": round(s["t"], 1), "mib": round(s["rss_bytes"] / 2**20, 1)} for s in rss],
         "rss_growth_after_warmup": None if growth is None else round(growth, 4),
         "idle_usage": usage, "idle_pages": pages, "health": health,
+        "shared_prefix_share": getattr(args, "shared_prefix", 0.0),
+        "shared_prefix_completed": sum(bool(r.get("shared_prefix")) for r in completed),
+        "shared_prefix_identical": sum(bool(r.get("shared_prefix")) and r["identical"] for r in completed),
+        "prefix": (stats or {}).get("prefix"),
         "cpu_fallbacks": (stats or {}).get("cpu_fallbacks"), "decode_steps": (stats or {}).get("decode_steps"),
         "failures": [r for r in records if r["outcome"] == "failed"][:5],
         "mismatches": [r for r in completed if not r["identical"]][:5],
@@ -238,6 +265,7 @@ def summarize(records, rss, stats, health, start, args) -> dict:
     result["verdict"] = {
         "zero_failed": result["failed"] == 0, "all_identical": result["identical"] == result["completed"] > 0,
         "rss_growth_under_5pct": growth is not None and growth < 0.05, "no_pages_idle": pages == 0,
+        "prefix_reused": not result["shared_prefix_share"] or ((stats or {}).get("prefix") or {}).get("hits", 0) > 0,
         "healthy": health == 200}
     result["passed"] = all(result["verdict"].values())
     return result
@@ -252,7 +280,10 @@ def write_report(result: dict) -> None:
              f"model (CPU, fp32, tiny preset), {result['prompts']} needle prompts of {result['lengths']} tokens, chat "
              f"and completions, streamed and not; {100 * result['disconnect_share']:.0f}% of the streams disconnect "
              f"after the first event; {100 * result['cpu_fault_share']:.0f}% of the CPU attention tasks raise on "
-             "purpose. Every completed answer is compared with the reference decoder's greedy answer. Host: "
+             f"purpose; {100 * result['shared_prefix_share']:.0f}% of the prompts start with a common "
+             f"{PREAMBLE_TOKENS}-token preamble, which the radix cache shares ({result['shared_prefix_completed']} "
+             f"such answers, {result['shared_prefix_identical']} identical; prefix hits: {result['prefix']}). "
+             "Every completed answer is compared with the reference decoder's greedy answer. Host: "
              f"{result['host']['cpus']} CPUs, load average at the end {result['host']['load_average_at_end']} (other "
              "work on the host shows there).", "",
              "| requests | completed | disconnected | failed | identical to the reference | latency p50 / p90 / p99 s "
@@ -299,6 +330,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=40, help="distinct needle prompts in the pool")
     parser.add_argument("--lengths", default="256,512,1024,2048,4096", help="prompt lengths (tokens) of the pool")
     parser.add_argument("--max-total-tokens", type=int, default=131072)
+    parser.add_argument("--shared-prefix", type=float, default=0.25,
+                        help="share of the pool's prompts that start with a common preamble (radix-cache hits)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
     parser.add_argument("--quick", action="store_true", help="about 90 s: 16 clients, 45 s, shorter prompts")
     args = parser.parse_args(argv)

@@ -106,11 +106,17 @@ SGLANG_FLAGS = [
      "Required with the scout KV pool."),
     ("`--max-running-requests N`", "Request slots (default 64 with the scout KV pool). Each slot costs device "
      "memory for its windows and resident buffers in every offloaded layer."),
-    ("`--disable-radix-cache`", "Required: the engine frees a request's K/V when it finishes."),
+    ("`--page-size B`", "With the radix cache (SGLang's default) B must be the block size (`block_size`, 32 in "
+     "`default`): a cached prefix is shared in whole blocks, each block in the page SGLang gives it, stored once "
+     "in host memory. Requests whose prompts start with a cached prefix skip its prefill "
+     "([deployment.md](deployment.md#prefix-reuse))."),
+    ("`--disable-radix-cache`", "Optional with `--attention-backend scout` (no prefix reuse, any page size); "
+     "required where scout only decodes (a PD decode instance, a split prefill backend)."),
     ("`--enable-metrics`", "Serves the `scout_*` series on `/metrics` (see [deployment.md](deployment.md#metrics))."),
     ("`--disaggregation-mode decode`", "Scout as the decode instance of a PD deployment (the `arrival` pool)."),
     ("`--kv-cache-dtype auto`", "The default, and the only kind accepted besides explicit bf16/fp16."),
-    ("`--tp N`", "Accepted: query heads are split across ranks. Not tested end to end with N > 1."),
+    ("`--tp N`", "Accepted: query heads are split across ranks (tested end to end with N = 2, with and without the "
+     "radix cache)."),
     ("`--cuda-graph-max-bs N`", "Decode CUDA graphs are SGLang's default full graphs: the whole step, the "
      "engine's kernels and the CPU part's hand-off included, is captured. Capturing beyond the request slots is "
      "an error: keep N <= `--max-running-requests`."),

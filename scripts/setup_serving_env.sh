@@ -15,6 +15,8 @@ PIP=("$PY" -m pip install -q)
 echo "[serving] installing sglang 0.5.23 (no dependencies) and its CPU server imports"
 "${PIP[@]}" --no-deps sglang==0.5.23 torchvision==0.28.0 xgrammar==0.2.7
 "${PIP[@]}" -r scripts/serving-requirements.txt
+# SGLang's bench_serving (benchmarks/bench_prefix.py and bench_capacity.py; bench_prefix --quick runs in the tests)
+"${PIP[@]}" -r benchmarks/requirements.txt
 
 # The Mooncake transfer engine (PD disaggregation) loads libibverbs even when it moves K/V over TCP.
 if ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then

@@ -137,7 +137,7 @@ def start_up_refusals(text):
 
     from sglang.srt.server_args import ServerArgs
 
-    from scout_sglang.env import pool_settings_from_env
+    from scout_sglang.env import config_from_env, pool_settings_from_env
     from scout_sglang.sglang_adapter import plugin
     from scout_sglang.sglang_adapter.kv_pool import logical_capacity, pool_problems
 
@@ -150,7 +150,7 @@ def start_up_refusals(text):
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(words[words.index("sglang.launch_server") + 1:])
-    refusals = pool_problems(args)
+    refusals = pool_problems(args, "logical", config_from_env(image_env(text)).block_size)
     try:
         logical_capacity(args.max_total_tokens, pool_settings_from_env(image_env(text)), token_bytes=2**17,
                          page_size=args.page_size or 1)
@@ -165,7 +165,7 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 def test_the_default_command_passes_the_scout_pools_start_up_checks():
     assert start_up_refusals(DOCKERFILE) == []
     bare = 'CMD ["sh", "-c", "exec python3 -m sglang.launch_server --model-path x --attention-backend scout"]\n'
-    assert len(start_up_refusals(bare)) == 2  # the radix cache, and no capacity
+    assert len(start_up_refusals(bare)) == 2  # the radix cache with pages of one token, and no capacity
 
 
 def test_every_copied_source_exists():

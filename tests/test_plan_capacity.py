@@ -107,3 +107,28 @@ def test_a_server_admits_what_its_token_capacity_and_slots_hold():
     assert (small.max_batch, small.limit) == (4, "token capacity")
     assert small.device_bytes == engine_device_bytes(config, spec, itemsize=4, logical_tokens=5000,
                                                      slots=8)["device_bytes_allocated"]
+
+
+def test_a_shared_prefix_is_held_once_in_either_pool():
+    from scout_sglang.plan.capacity import held_tokens
+
+    assert held_tokens(4, 3000, 2000, 32) == 1984 + 4 * (3000 - 1984)  # whole blocks of the prefix, once
+    assert held_tokens(0, 3000, 2000, 32) == 0 and held_tokens(3, 3000, 0, 32) == 9000
+    spec = load_model("Qwen3-8B")
+    config = ScoutConfig()
+    budgets = dict(itemsize=2, request_tokens=34816, device_budget=20 * 2**30, host_budget=2**40)
+    for mode_config in (config, ScoutConfig(mode="full")):
+        alone = max_batch(mode_config, spec, **budgets)
+        shared = max_batch(mode_config, spec, **budgets, shared_prefix=32768)
+        assert shared.max_batch > alone.max_batch
+    stock = max_batch(ScoutConfig(mode="full"), spec, **budgets, shared_prefix=32768)
+    tokens = 32768 + stock.max_batch * (34816 - 32768)
+    assert stock.device_bytes == stock_device_bytes(spec, itemsize=2, tokens=tokens)
+
+
+def test_the_planner_refuses_a_shared_prefix_longer_than_the_input():
+    from scout_sglang.plan.planner import PlanRequest
+
+    assert any("--shared-prefix" in p for p in PlanRequest(load_model("Qwen3-8B"), context=4096,
+                                                           shared_prefix=8192).problems())
+    assert PlanRequest(load_model("Qwen3-8B"), context=4096, shared_prefix=2048).problems() == []

@@ -12,8 +12,9 @@ import pytest
 from sparse_reference import random_prompts, reference_outputs
 from support import requires_sglang
 
+from scout_sglang.cpu_worker.cpu_sets import process_cpus
 from scout_sglang.hf.tiny_models import save_tiny_model
-from scout_sglang.server.client import generate, post, scout_stats
+from scout_sglang.server.client import generate, get_json, post, scout_stats
 from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
@@ -109,3 +110,26 @@ def test_a_host_store_smaller_than_the_working_set_evicts_cached_prefixes_and_ev
     assert idle["request_failures"] == {"prefill": 0, "decode": 0}
     served = [a["output_ids"] for wave in answers for a in wave]
     assert served == reference_outputs(model_dir, SCOUT_ENV, [p for wave in waves for p in wave], 8)[0]
+
+
+@pytest.mark.skipif(len(process_cpus()) < 2, reason="two ranks need two CPUs")
+def test_two_tensor_parallel_ranks_share_a_cached_prefix_each_for_its_heads(tmp_path):
+    """--tp-size 2 under the radix cache: both ranks' schedulers match the same prefix and each rank's engine
+    adopts the same pages for its own heads; answers equal the reference decoder's at the sparse budget."""
+    from test_sglang_tensor_parallel import tp_env
+
+    model_dir = save_tiny_model(tmp_path / "qwen3", "qwen3", num_layers=4, hidden=64, num_heads=4, num_kv_heads=2,
+                                head_dim=16)
+    system = random_prompts([1024], vocab=VOCAB, seed=31)[0]
+    rounds = [shared_prompts(system, (50, 130), seed=32), shared_prompts(system, (70, 90), seed=33)]
+    args = (*COMMON, "--max-total-tokens", "8192", "--tp-size", "2")
+    with launched_server(model_dir, *args, env=tp_env({}), log_path=tmp_path / "tp.log") as base:
+        answers = [ask_together(base, prompts) for prompts in rounds]
+        ranks = get_json(base + "/server_info")["internal_states"][0]["scout_ranks"]
+    assert all(a["meta_info"]["cached_tokens"] >= 1024 for a in answers[1])
+    assert [rank["prefix"]["hits"] for rank in ranks] == [ranks[0]["prefix"]["hits"]] * 2
+    assert ranks[0]["prefix"]["hits"] >= 2
+    assert all(rank["usage"]["host_pages"] == 0 for rank in ranks)
+    prompts = rounds[0] + rounds[1]
+    assert [a["output_ids"] for a in answers[0] + answers[1]] == reference_outputs(
+        model_dir, {"SCOUT_CONFIG": "tiny"}, prompts, NEW_TOKENS)[0]

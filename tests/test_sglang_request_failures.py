@@ -23,7 +23,10 @@ pytestmark = [requires_sglang, pytest.mark.slow]
 SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}  # budget 128 tokens, blocks of 16
 FAULTS_ENV = {"SCOUT_TEST_FAULTS": "request_state:victim", "SCOUT_TEST_FAULTS_ALLOW": "1"}
 ARGS = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "16384",
-        "--max-running-requests", "16", "--disable-radix-cache", "--enable-metrics")
+        "--max-running-requests", "16", "--enable-metrics")
+# without the radix cache, or with it (pages of one block) and every prompt after a common 128-token start that
+# the victims share with the others: a victim's rows must never reach the tree
+CACHES = {"no-radix": ("--disable-radix-cache",), "radix": ("--page-size", "16")}
 VOCAB = 263
 NEW_TOKENS = 24
 LENGTHS = [300, 90, 650, 40, 200, 510, 130, 33]
@@ -49,14 +52,19 @@ def ask(base: str, prompt, rid: str, stream: bool) -> dict:
     return json.loads([event for event in events if event != "[DONE]"][-1])
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("stage", CASES)
-def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp_path, stage):
+def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp_path, stage, cache):
     extra_args, victims = CASES[stage]
     model_dir = save_tiny_model(tmp_path / "model", "llama", num_layers=4, hidden=64, num_heads=4, num_kv_heads=2,
                                 head_dim=16)
     prompts = random_prompts(LENGTHS, vocab=VOCAB, seed=3)
+    if cache == "radix":
+        start = random_prompts([128], vocab=VOCAB, seed=4)[0]
+        prompts = [start + prompt for prompt in prompts]
     log = tmp_path / "failures.log"
-    with launched_server(model_dir, *ARGS, *extra_args, env=SCOUT_ENV | FAULTS_ENV, log_path=log) as base:
+    with launched_server(model_dir, *ARGS, *CACHES[cache], *extra_args, env=SCOUT_ENV | FAULTS_ENV,
+                         log_path=log) as base:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             outcomes = list(pool.map(
                 lambda i: ask(base, prompts[i], f"victim-{i}" if i in victims else f"request-{i}",
@@ -67,9 +75,19 @@ def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp
         again = generate(base, prompts[2], 4)  # a victim's prompt, under another id
         with urllib.request.urlopen(base + "/health", timeout=30) as response:
             health = response.status
+    if cache == "radix" and stage == "prefill":
+        # Under the radix cache the first chunk's rows are in the tree (SGLang checkpoints each chunk): the
+        # engine adopts them as a cached prefix, and the victims complete as the others do.
+        expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, prompts, NEW_TOKENS)
+        assert [outcome["output_ids"] for outcome in outcomes] == expected
+        assert stats["request_failures"] == {"prefill": 0, "decode": 0} and stats["prefix"]["hits"] >= 2
+        assert stats["usage"]["requests"] == 0 and stats["usage"]["host_pages"] == 0
+        assert again["output_ids"] == reference_outputs(model_dir, SCOUT_ENV, [prompts[2]], 4)[0][0]
+        return
     kept = [i for i in range(len(prompts)) if i not in victims]
     expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, [prompts[i] for i in kept], NEW_TOKENS)
     assert [outcomes[i]["output_ids"] for i in kept] == expected
+    assert again["output_ids"] == reference_outputs(model_dir, SCOUT_ENV, [prompts[2]], 4)[0][0]
     for i, how in victims.items():
         if how == "plain":
             assert outcomes[i]["status"] == 500 and re.search(MESSAGES[stage], outcomes[i]["body"]), outcomes[i]

@@ -36,3 +36,23 @@ def test_each_defect_fails_the_verdict():
     leaking = {**STATS, "usage": {**STATS["usage"], "host_pages": 3}}
     assert soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS)["idle_pages"] == 3
     assert not soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS)["passed"]
+
+
+def test_a_shared_prefix_share_needs_prefix_hits_and_counts_its_answers():
+    args = SimpleNamespace(**vars(ARGS), shared_prefix=0.25)
+    shared = [{**r, "shared_prefix": True} if r["outcome"] == "completed" and r["t"] < 20 else r for r in records()]
+    missed = soak.summarize(shared, RSS, STATS, 200, 0.0, args)
+    assert not missed["passed"] and not missed["verdict"]["prefix_reused"]
+    reused = soak.summarize(shared, RSS, {**STATS, "prefix": {"hits": 3, "prefill_tokens_saved": 3072}}, 200, 0.0,
+                            args)
+    assert reused["passed"] and reused["shared_prefix_completed"] == reused["shared_prefix_identical"] == 4
+
+
+def test_shared_prefix_prompts_start_with_one_preamble():
+    from scout_sglang.retrieval import data
+
+    pool = [data.Sample(prompt=[1, 10 + i, 11 + i], answer=[], needle_depth=0.0) for i in range(8)]
+    samples, shared = soak.with_shared_prefix(pool, 0.25, seed=3)
+    assert shared == {0, 4}
+    assert samples[0].prompt[1:1 + soak.PREAMBLE_TOKENS] == samples[4].prompt[1:1 + soak.PREAMBLE_TOKENS]
+    assert samples[0].prompt[-2:] == pool[0].prompt[-2:] and samples[1] is pool[1]

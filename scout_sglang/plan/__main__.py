@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gpu", default="H100", help=f"one of {', '.join(GPUS)}, or custom (give every GPU figure)")
     parser.add_argument("--context", type=int, default=65536, help="input tokens per request")
     parser.add_argument("--output-len", type=int, default=1024, help="output tokens per request")
+    parser.add_argument("--shared-prefix", type=int, default=0,
+                        help="input tokens every request shares (a system prompt or document under the radix cache: "
+                             "held once, in whole blocks)")
     parser.add_argument("--budget", type=int, default=None, help="scout token budget (default: the preset's)")
     parser.add_argument("--block-size", type=int, default=None, help="scout block size (default: the preset's)")
     parser.add_argument("--scout-config", default="default", help="scout preset name or YAML file")
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
         if overrides["max_running_requests"] is not None:
             overrides["max_running_requests"] = int(overrides["max_running_requests"])
         request = PlanRequest(model=load_model(args.model), gpu=args.gpu, context=args.context,
-                              output_len=args.output_len, scout_preset=args.scout_config, budget=args.budget,
+                              output_len=args.output_len, shared_prefix=args.shared_prefix, scout_preset=args.scout_config, budget=args.budget,
                               block_size=args.block_size, itemsize=4 if args.dtype == "float32" else 2,
                               measure=args.measure, modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                               overrides=overrides, host_overhead_path=args.host_overhead)

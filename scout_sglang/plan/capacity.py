@@ -12,6 +12,9 @@ last step), B requests together, block size S:
   scout:  logical capacity L = B x T held on the host; device = the engine's
           planned bytes for ceil(L / S) + B pages and B request slots, plus
           SGLang's placeholder pool (2 tokens per slot, plus a page)
+With a prompt prefix of P tokens that every request shares (the radix cache;
+scout matches it in whole blocks, so P rounds down to a multiple of S) the
+prefix is held once: B x T becomes P + B x (T - P), in either pool.
 """
 
 from __future__ import annotations
@@ -76,19 +79,31 @@ class Capacity:
     limit: str
 
 
+def held_tokens(batch: int, request_tokens: int, shared_prefix: int, block_size: int) -> int:
+    """Tokens a pool holds for `batch` requests of `request_tokens` tokens whose first `shared_prefix` tokens are
+    one prompt prefix (stored once, in whole blocks)."""
+    shared = min(shared_prefix, request_tokens) // block_size * block_size
+    return shared * (batch > 0) + batch * (request_tokens - shared)
+
+
 def max_batch(config: ScoutConfig, spec: ModelSpec, *, itemsize: int, request_tokens: int, device_budget: int,
-              host_budget: int, page_size: int = 1, max_requests: int | None = None) -> Capacity:
+              host_budget: int, page_size: int = 1, max_requests: int | None = None,
+              shared_prefix: int = 0) -> Capacity:
     """The largest batch of requests of `request_tokens` tokens whose K/V fits `device_budget` device bytes and
     `host_budget` host bytes, in config.mode ("full": the stock pool). Each request gets a request slot and
-    its tokens in the logical capacity, as a server started with exactly these settings would."""
+    its tokens in the logical capacity, as a server started with exactly these settings would; the first
+    `shared_prefix` tokens of every request are one cached prefix, held once."""
     if request_tokens < 1:
         raise ValueError(f"request_tokens must be >= 1, got {request_tokens}")
+    if shared_prefix < 0:
+        raise ValueError(f"shared_prefix must be >= 0, got {shared_prefix}")
     mode = config.mode
 
     def sizes(batch: int) -> tuple[int, int]:
+        tokens = held_tokens(batch, request_tokens, shared_prefix, config.block_size)
         if mode == STOCK:
-            return stock_device_bytes(spec, itemsize=itemsize, tokens=batch * request_tokens, page_size=page_size), 0
-        plan = engine_device_bytes(config, spec, itemsize=itemsize, logical_tokens=batch * request_tokens,
+            return stock_device_bytes(spec, itemsize=itemsize, tokens=tokens, page_size=page_size), 0
+        plan = engine_device_bytes(config, spec, itemsize=itemsize, logical_tokens=tokens,
                                    slots=max(1, batch), page_size=page_size)
         return plan["device_bytes_allocated"], plan["host_bytes_allocated"]
 

@@ -51,6 +51,7 @@ class PlanRequest:
     gpu: str = "H100"
     context: int = 65536
     output_len: int = 1024
+    shared_prefix: int = 0  # prompt tokens every request shares (a cached prefix, held once)
     scout_preset: str = "default"
     budget: int | None = None
     block_size: int | None = None
@@ -67,6 +68,8 @@ class PlanRequest:
             out.append(f"--context must be > 0, got {self.context}")
         if self.output_len < 0:
             out.append(f"--output-len must be >= 0, got {self.output_len}")
+        if not 0 <= self.shared_prefix <= self.context:
+            out.append(f"--shared-prefix must be between 0 and --context ({self.context}), got {self.shared_prefix}")
         for name, value in self.overrides.items():
             if value is not None and value <= 0:
                 out.append(f"{FLAGS.get(name, name)} must be > 0, got {value}")
@@ -183,7 +186,8 @@ def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict
     mode_config = ScoutConfig(mode=STOCK) if mode == STOCK else config.replace(mode=mode)
     capacity = max_batch(mode_config, request.model, itemsize=request.itemsize,
                          request_tokens=context + request.output_len, device_budget=budgets["device_kv"],
-                         host_budget=budgets["host_kv"], max_requests=request.overrides.get("max_running_requests"))
+                         host_budget=budgets["host_kv"], max_requests=request.overrides.get("max_running_requests"),
+                         shared_prefix=min(request.shared_prefix, context))
     work = Workload(batch_size=capacity.max_batch, context=context + request.output_len // 2,
                     itemsize=request.itemsize, change_rate=figures["change_rate"].value, output_len=request.output_len)
     step = step_time(mode, config, request.model, hardware(figures), work,

@@ -19,7 +19,9 @@ def text_report(plan: dict) -> str:
     request, model, budgets = plan["request"], plan["model"], plan["budgets"]
     lines = [f"scout plan: {model.name} ({model.total_params() / 1e9:.2f} B parameters, {model.num_layers} layers, "
              f"{model.num_kv_heads} KV heads x {model.head_dim}) on {plan['gpu']}; {request.context} input + "
-             f"{request.output_len} output tokens per request",
+             f"{request.output_len} output tokens per request" + (
+                 f", the first {request.shared_prefix} shared by every request (held once)"
+                 if request.shared_prefix else ""),
              f"K/V of one token, all layers: {plan['token_bytes'] / 1024:g} KiB. Device memory for K/V: "
              f"{budgets['device_kv'] / GIB:.1f} GiB (after {budgets['weights'] / GIB:.1f} GiB of weights); host "
              f"memory for the engine's store: {budgets['host_kv'] / GIB:.1f} GiB", "", "inputs:"]
@@ -60,6 +62,7 @@ def json_report(plan: dict) -> dict:
     request = plan["request"]
     return {
         "model": dataclasses.asdict(plan["model"]), "gpu": plan["gpu"], "context": request.context,
+        "shared_prefix": request.shared_prefix,
         "output_len": request.output_len, "scout_config": {k: v for k, v in dataclasses.asdict(plan["config"]).items()
                                                           if k != "extra"},
         "inputs": {name: figure.as_dict() for name, figure in plan["figures"].items()},

@@ -37,6 +37,7 @@ FAST_TESTS = [
     "tests/test_recall_brake.py",
     "tests/test_stage_append.py",
     "tests/test_shared_prefix.py",
+    "tests/test_prefix_pages_glue.py",
 ]
 # Folders that install as subpackages of scout_sglang (setup.py's PACKAGE_ROOTS).
 SUBPACKAGES = {"kernels": "kernels", "cpu_worker": "cpu_worker", "configs": "configs"}

@@ -25,7 +25,9 @@ FAULTS_ENV = {"SCOUT_TEST_FAULTS": "request_state:victim", "SCOUT_TEST_FAULTS_AL
 ARGS = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "16384",
         "--max-running-requests", "16", "--enable-metrics")
 # without the radix cache, or with it (pages of one block) and every prompt after a common 128-token start that
-# the victims share with the others: a victim's rows must never reach the tree
+# the victims share with the others: a victim is given up as without it (its first chunk is in the tree, but the
+# rows past it may never have been written), its stand-in writes nothing and its rows never reach the tree (the
+# victim's prompt asked again must answer as the reference decoder)
 CACHES = {"no-radix": ("--disable-radix-cache",), "radix": ("--page-size", "16")}
 VOCAB = 263
 NEW_TOKENS = 24
@@ -75,15 +77,6 @@ def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp
         again = generate(base, prompts[2], 4)  # a victim's prompt, under another id
         with urllib.request.urlopen(base + "/health", timeout=30) as response:
             health = response.status
-    if cache == "radix" and stage == "prefill":
-        # Under the radix cache the first chunk's rows are in the tree (SGLang checkpoints each chunk): the
-        # engine adopts them as a cached prefix, and the victims complete as the others do.
-        expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, prompts, NEW_TOKENS)
-        assert [outcome["output_ids"] for outcome in outcomes] == expected
-        assert stats["request_failures"] == {"prefill": 0, "decode": 0} and stats["prefix"]["hits"] >= 2
-        assert stats["usage"]["requests"] == 0 and stats["usage"]["host_pages"] == 0
-        assert again["output_ids"] == reference_outputs(model_dir, SCOUT_ENV, [prompts[2]], 4)[0][0]
-        return
     kept = [i for i in range(len(prompts)) if i not in victims]
     expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, [prompts[i] for i in kept], NEW_TOKENS)
     assert [outcomes[i]["output_ids"] for i in kept] == expected

@@ -15,7 +15,7 @@ from scout_sglang.core.shape import ModelShape
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPE = ModelShape(num_layers=3, num_qo_heads=8, num_kv_heads=2, head_dim=32)
 BLOCK = 8
-PREFIX = 3 * BLOCK  # whole blocks: SGLang's page size is the block size
+PREFIX = 5 * BLOCK  # whole blocks (SGLang's page size is the block size), past the window: its local ring wraps
 LENGTHS = [PREFIX + 5, PREFIX + 19, PREFIX + 8]
 STEPS = 20
 PAGES = 64
@@ -135,11 +135,7 @@ def test_the_prefix_outlives_its_first_owner_and_a_rebound_request_reads_only_th
         assert engine.rebind_pages(2, pool.share(2, 0, PREFIX // BLOCK)) == PREFIX // BLOCK
         pool.pages[2] += own[PREFIX // BLOCK:]
         engine.release_request(0)
-        for layer in engine.offloaded_layers:  # the freed duplicates go to another request
-            engine.offloaded.host_k[layer][duplicates] = 1e3
-            engine.offloaded.host_v[layer][duplicates] = -1e3
-        for layer in engine.full_layers:
-            engine.full_store.k[layer][duplicates] = 1e3
+        poison(engine, duplicates)  # the freed duplicates go to another request
         driver.lengths, driver.predicted = driver.lengths[1:], driver.predicted[:, :, 1:]
         driver.queries, driver.new_k, driver.new_v = (t[:, :, 1:] for t in (driver.queries, driver.new_k,
                                                                               driver.new_v))
@@ -147,6 +143,16 @@ def test_the_prefix_outlives_its_first_owner_and_a_rebound_request_reads_only_th
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     finally:
         engine.close()
+
+
+def poison(engine, pages: list[int]) -> None:
+    """What another request writes into pages SGLang freed and gave it: K/V and digests nothing may read now."""
+    for layer in engine.offloaded_layers:
+        for store, value in ((engine.offloaded.host_k, 1e3), (engine.offloaded.host_v, -1e3),
+                             (engine.offloaded.digest_min, -1e3), (engine.offloaded.digest_max, 1e3)):
+            store[layer][pages] = value
+    for layer in engine.full_layers:
+        engine.full_store.k[layer][pages], engine.full_store.v[layer][pages] = 1e3, -1e3
 
 
 def test_adopting_needs_assigned_pages_and_whole_blocks():

@@ -282,6 +282,10 @@ class CoAttentionEngine:
             raise ValueError(f"request {rid}: a prefix of {num_tokens} tokens needs {num_tokens // self.block_size} "
                              f"whole blocks on a new request; got {len(pages)} pages, {state.num_tokens} tokens held")
         self.assign_pages(rid, 0, pages)
+        if self.device.type == "cuda" and self.offloaded_layers:
+            # A decode step of another request may have completed one of these blocks into its host page by a
+            # copy still in flight on the stream: the host reads below wait for it (prefill, not a decode step).
+            torch.cuda.current_stream(self.device).synchronize()
         for layer in self.offloaded_layers:
             self.offloaded.fill_window_from_host(layer, rid, num_tokens)
         state.num_tokens = num_tokens

@@ -210,6 +210,7 @@ class ScoutAttnBackend:
         self._collected = float("-inf")  # time.monotonic() of the last read of a graph's telemetry
         self._last_rids: list[int] = []
         self._extend_plan: list[tuple[int, int, int, bool]] = []  # (slot, prefix, length, store in the engine)
+        self._prefilling: dict[int, str | None] = {}  # slot -> id of the request whose prefill the engine admitted
         self.predictor = None
         if self.config.mode in ("scout", "infinigen") and self.config.layer_ahead:
             self.predictor = QueryPredictor(model_runner.model, self.shape.head_dim, self.engine.wants_prediction,
@@ -396,6 +397,7 @@ class ScoutAttnBackend:
 
     def release(self, req_pool_idx: int) -> None:
         self.failures.given_up.discard(req_pool_idx)
+        self._prefilling.pop(req_pool_idx, None)
         if req_pool_idx in self.engine.requests:
             self.stats.released_requests += 1
         self.engine.release_request(req_pool_idx)
@@ -478,13 +480,14 @@ class ScoutAttnBackend:
             known = self.engine.requests.get(rid)
             if prefix and known is not None and known.num_tokens == prefix:
                 continue  # a continued chunk
-            if known is not None:
-                logger.warning("request slot %d starts a prefill while holding %d tokens: releasing them",
-                               rid, known.num_tokens)
-                self.engine.release_request(rid)
-            if prefix == 0 or (self.shares_prefixes and prefix % self.config.block_size == 0):
+            if prefix == 0 or self._adopts(rid, request_ids[row], prefix, known):
+                if known is not None:
+                    logger.warning("request slot %d starts a prefill while holding %d tokens: releasing them",
+                                   rid, known.num_tokens)
+                    self.engine.release_request(rid)
                 self.engine.add_request(rid)
                 self.stats.admitted_requests += 1
+                self._prefilling[rid] = request_ids[row]
                 if prefix:
                     adopting.add(row)  # a radix-cache hit: the prefix's pages hold its K/V
                 continue
@@ -497,6 +500,15 @@ class ScoutAttnBackend:
         if self.shares_prefixes:
             self._assign_chunk_pages(rids, prefixes, lengths, stores, adopting)
         self._extend_plan = list(zip(rids, prefixes, lengths, stores))
+
+    def _adopts(self, slot: int, request_id: str | None, prefix: int, known) -> bool:
+        """Whether a prefill starting at token `prefix` is a new request matching a cached prefix (under the
+        radix cache, in whole blocks): the engine holds nothing in its slot, and the slot's last admitted prefill
+        was another request's (or was released since: a retracted request comes back). A continued chunk whose
+        state the engine lost is not one: its rows past the tree's may never have been written."""
+        return (self.shares_prefixes and prefix % self.config.block_size == 0 and known is None
+                and slot not in self.failures.given_up
+                and (slot not in self._prefilling or self._prefilling[slot] != request_id or request_id is None))
 
     def _assign_chunk_pages(self, rids, prefixes, lengths, stores, adopting) -> None:
         """Under the radix cache: the pages of the blocks each chunk writes, and the cached prefix's pages for the

@@ -73,22 +73,13 @@ def run_on_pool(driver: Driver, engine: CoAttentionEngine, pool: ArrivalPool) ->
         engine.assign_pages(b, 0, block_pages(slots, BLOCK, b))
         for layer in range(SHAPE.num_layers):
             engine.prefill(b, layer, pool.k[layer][slots], pool.v[layer][slots])
-    outputs = []
-    for s in range(STEPS):
+    def assign_completed_blocks():
         for b in rids:
             pool.extend(b, 1)
         for rid, block, page in completed_block_pages(pool.req_to_token, engine, rids):
             engine.assign_pages(rid, block, [page])
-        engine.begin_step(rids)
-        per_layer = []
-        for layer in range(SHAPE.num_layers):
-            if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
-                engine.predict(layer + 1, driver.predicted[s, layer + 1])
-            per_layer.append(engine.attend(layer, driver.queries[s, layer], driver.new_k[s, layer],
-                                           driver.new_v[s, layer]).float())
-        engine.end_step()
-        outputs.append(torch.stack(per_layer))
-    return torch.stack(outputs)
+
+    return driver.decode(engine, rids, assign_completed_blocks)
 
 
 @pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen"])

@@ -11,7 +11,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 from oracle.driver import Driver
-from test_shared_prefix import BLOCK, LENGTHS, PAGES, PREFIX, SHAPE, STEPS, make_engine, poison, sharing_driver
+from test_shared_prefix import (
+    BLOCK,
+    LENGTHS,
+    PAGES,
+    PREFIX,
+    SHAPE,
+    make_engine,
+    poison,
+    sharing_driver,
+)
 
 from scout_sglang.sglang_adapter.backend import ScoutAttnBackend
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
@@ -81,22 +90,16 @@ def test_shared_rebound_and_adopting_requests_decode_exactly_and_never_read_free
         prefill(backend, driver, 2, "c", PREFIX)
         assert backend.stats.prefix_hits == 1 and backend.stats.prefix_tokens == PREFIX
 
-        outputs, rids = [], [0, 1, 2]
-        for step in range(STEPS):
+        rids = [0, 1, 2]
+
+        def allocate_and_assign():  # SGLang's decode allocation, then the backend's planning
             for rid in rids:
                 tokens = engine.requests[rid].num_tokens
                 pool.fill(rid, tokens, tokens + 1)
             backend._assign_started_blocks(rids)
-            engine.begin_step(rids)
-            per_layer = []
-            for layer in range(SHAPE.num_layers):
-                if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
-                    engine.predict(layer + 1, driver.predicted[step, layer + 1])
-                per_layer.append(engine.attend(layer, driver.queries[step, layer], driver.new_k[step, layer],
-                                               driver.new_v[step, layer]).float())
-            engine.end_step()
-            outputs.append(torch.stack(per_layer))
-        torch.testing.assert_close(torch.stack(outputs), expected, atol=1e-5, rtol=1e-5)
+
+        outputs = driver.decode(engine, rids, allocate_and_assign)
+        torch.testing.assert_close(outputs, expected, atol=1e-5, rtol=1e-5)
         for rid in rids:  # the engine's tables are SGLang's rows, page for page
             blocks = -(-engine.requests[rid].num_tokens // BLOCK)
             assert engine.offloaded.host_pages.table(rid) == pool.pages(rid, blocks)

@@ -68,23 +68,14 @@ def prefill(engine, pool, driver, rid: int, start: int) -> None:
 
 
 def decode(engine, pool, driver, rids: list[int]) -> torch.Tensor:
-    """Driver.run's steps, each block's page assigned when the step's token starts it (as SGLang allocates)."""
-    outputs = []
-    for s in range(STEPS):
+    """Driver.decode, each block's page assigned when the step's token starts it (as SGLang allocates)."""
+    def assign_started_blocks():
         for rid in rids:
             tokens = engine.requests[rid].num_tokens
             if tokens % BLOCK == 0:
                 engine.assign_pages(rid, tokens // BLOCK, pool.grow(rid, tokens + 1))
-        engine.begin_step(rids)
-        per_layer = []
-        for layer in range(SHAPE.num_layers):
-            if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
-                engine.predict(layer + 1, driver.predicted[s, layer + 1])
-            per_layer.append(engine.attend(layer, driver.queries[s, layer], driver.new_k[s, layer],
-                                           driver.new_v[s, layer]).float())
-        engine.end_step()
-        outputs.append(torch.stack(per_layer))
-    return torch.stack(outputs)
+
+    return driver.decode(engine, rids, assign_started_blocks)
 
 
 @pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen", "quest", "full"])

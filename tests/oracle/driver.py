@@ -35,9 +35,20 @@ class Driver:
             engine.add_request(b)
             for l in range(self.shape.num_layers):
                 engine.prefill(b, l, *self.prompts[(b, l)])
+        outputs = self.decode(engine, list(range(batch)))
+        if close:
+            engine.close()
+        return outputs
+
+    def decode(self, engine, rids, before_step=None):
+        """The decode steps of requests `rids` (already admitted; rid b takes row b of the step's tensors) ->
+        outputs [steps, layers, B, Hq, D]; `before_step()` runs before each step's plan (a caller that assigns
+        pages, as SGLang's allocator does). What end_step returned is kept in self.telemetry."""
         outputs, self.telemetry = [], []
         for s in range(self.steps):
-            engine.begin_step(list(range(batch)))
+            if before_step is not None:
+                before_step()
+            engine.begin_step(rids)
             per_layer = []
             for l in range(self.shape.num_layers):
                 if l + 1 < self.shape.num_layers and engine.wants_prediction(l + 1):
@@ -46,8 +57,6 @@ class Driver:
                 per_layer.append(engine.attend(l, self.queries[s, l], self.new_k[s, l], self.new_v[s, l]).float())
             self.telemetry.append(engine.end_step())
             outputs.append(torch.stack(per_layer))
-        if close:
-            engine.close()
         return torch.stack(outputs)
 
     def kv(self, b, layer, step):

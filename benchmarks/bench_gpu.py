@@ -128,10 +128,17 @@ def sync(setup):
 def part_tests(setup, args) -> dict:
     env = dict(os.environ, PYTHONSAFEPATH="1")
     files = CUDA_TESTS[:3] if setup.dry else CUDA_TESTS
-    done = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-x", *files], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=args.tests_timeout)
-    tail = done.stdout.strip().splitlines()[-1:] or [""]
-    return dict(returncode=done.returncode, summary=tail[0], failures=done.stdout[-4000:] if done.returncode else "")
+    # not -x: one call on a lent machine should show every failure, not the first (-rf lists them at the end)
+    command = [sys.executable, "-P", "-m", "pytest", "-q", "-rf", "--maxfail=20", *files]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.tests_timeout)
+        stdout, returncode = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as timeout:  # keep what ran: the progress dots and any failure so far
+        stdout, returncode = (timeout.stdout or b"").decode() if isinstance(timeout.stdout, bytes) else \
+            (timeout.stdout or ""), f"timed out after {args.tests_timeout} s"
+    tail = stdout.strip().splitlines()[-1:] or [""]
+    failed = [line for line in stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return dict(returncode=returncode, summary=tail[0], failed=failed, failures=stdout[-4000:] if returncode else "")
 
 
 def part_kernels(setup, args) -> dict:

@@ -65,7 +65,11 @@ def append_token(k_new: torch.Tensor, v_new: torch.Tensor, k_store: torch.Tensor
         skip = host_scratch * num_kv_heads
         dst = torch.where(host == host_scratch, skip, host * num_kv_heads + head).flatten()
         for store, target in ((k_store, host_k), (v_store, host_v)):
-            copy_block_rows(store.flatten(0, 1), src, target.flatten(0, 1), dst, skip_row=skip)
+            if target.device == store.device:
+                copy_block_rows(store.flatten(0, 1), src, target.flatten(0, 1), dst, skip_row=skip)
+            else:  # the torch path on CUDA: device rows to the host store (a blocking copy; Triton's is not)
+                rows = store.flatten(0, 1).index_select(0, src).to(target.device)
+                target.flatten(0, 1).index_copy_(0, dst.to(target.device), rows)
 
 
 def _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_max, digest_rows, host_k, host_v,

@@ -41,3 +41,23 @@ def test_the_gpu_bench_runs_every_part_in_its_dry_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads(done.stdout.strip().splitlines()[-1])["parts"]
     assert set(parts) == {"tests", "kernels", "host", "capture", "decode", "memory", "recall"} and all(parts.values()), parts
+
+
+def test_the_gpu_tests_part_keeps_what_ran_when_pytest_times_out(monkeypatch):
+    """A lent machine's call cannot be repeated: a CUDA test run cut by its timeout still reports its progress
+    and the failures seen so far."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
+    bench_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_gpu)
+    partial = "....F..\nFAILED tests/test_x.py::test_y - ValueError: boom\n"
+
+    def cut(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output=partial.encode())
+
+    monkeypatch.setattr(bench_gpu.subprocess, "run", cut)
+    report = bench_gpu.part_tests(SimpleNamespace(dry=True), SimpleNamespace(tests_timeout=7))
+    assert report["returncode"] == "timed out after 7 s"
+    assert report["failed"] == ["FAILED tests/test_x.py::test_y - ValueError: boom"] and "....F.." in report["failures"]

@@ -1,15 +1,15 @@
 """The engine's Triton path, end to end, equals its torch path in every mode.
 
 A GPU runs the Triton path: its stages and their host code (the replayed launches of launch_program.py, the
-hand-off's gated fallback and merge) are exercised here as a whole, under Triton's interpreter at tiny shapes,
-not only kernel by kernel: the same outputs as the torch path, and the same decisions (the step's counters),
+hand-off's gated fallback and merge) are exercised here as a whole, under Triton's interpreter at tiny shapes
+(on the GPU where there is one), not only kernel by kernel: the same outputs as the torch path, and the same decisions (the step's counters),
 over steps with first fills, block fills, interval recall and the CPU part.
 """
 
 import pytest
 import torch
 from oracle.driver import Driver
-from support import requires_triton
+from support import TRITON_DEVICE, requires_triton
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
@@ -24,9 +24,10 @@ COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks"
 def run(mode, impl, steps=6, **overrides):
     settings = dict(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                     resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl=impl)
-    engine = CoAttentionEngine(ScoutConfig(**(settings | overrides)), SHAPE, dtype=torch.float32, max_requests=3,
-                               max_tokens_per_request=128)
-    driver = Driver(SHAPE, [20, 41, 7], steps, seed=1)  # 7 tokens: a request with no full block at first
+    engine = CoAttentionEngine(ScoutConfig(**(settings | overrides)), SHAPE, device=TRITON_DEVICE, dtype=torch.float32,
+                               max_requests=3, max_tokens_per_request=128)
+    # 7 tokens: a request with no full block at first
+    driver = Driver(SHAPE, [20, 41, 7], steps, seed=1, device=TRITON_DEVICE)
     outputs = driver.run(engine)
     return outputs, [[getattr(step.totals(), name) for name in COUNTERS] for step in driver.telemetry]
 

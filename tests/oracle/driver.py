@@ -13,8 +13,8 @@ from scout_sglang import reference
 
 
 class Driver:
-    def __init__(self, shape, lengths, steps, *, seed=0, predict_noise=0.3):
-        gen = torch.Generator().manual_seed(seed)
+    def __init__(self, shape, lengths, steps, *, seed=0, predict_noise=0.3, device="cpu"):
+        gen = torch.Generator().manual_seed(seed)  # drawn on the CPU (the same numbers everywhere), then moved
         layers, heads, dim = shape.num_layers, shape.num_kv_heads, shape.head_dim
         self.shape, self.lengths, self.steps = shape, list(lengths), steps
         batch = len(lengths)
@@ -26,6 +26,10 @@ class Driver:
         self.new_k = torch.randn(steps, layers, batch, heads, dim, generator=gen)
         self.new_v = torch.randn(steps, layers, batch, heads, dim, generator=gen)
         self.was_predicted = torch.zeros(steps, layers, dtype=torch.bool)
+        if device != "cpu":
+            self.prompts = {key: (k.to(device), v.to(device)) for key, (k, v) in self.prompts.items()}
+            for name in ("queries", "predicted", "new_k", "new_v"):
+                setattr(self, name, getattr(self, name).to(device))
 
     def run(self, engine, *, close=True):
         """Outputs [steps, layers, B, Hq, D] of the engine, request b admitted as rid b.

@@ -112,12 +112,13 @@ def training_tensors(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]
     return inputs, targets
 
 
-def build_tokenizer():
-    """The word-level tokenizer (one token per word), with a chat template that passes the text through."""
+def build_tokenizer(token_id: dict[str, int] | None = None):
+    """The word-level tokenizer (one token per word) of `token_id` (default: this task's vocabulary), with a chat
+    template that passes the text through."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.WordLevel(vocab=TOKEN_ID, unk_token="<pad>"))
+    tokenizer = Tokenizer(models.WordLevel(vocab=token_id or TOKEN_ID, unk_token="<pad>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",

@@ -1,0 +1,170 @@
+"""The long-context suite: four RULER-style tasks over one word-level vocabulary.
+
+  niah     multi-key needle with distractors (data.py's task): `needle K V1 V2 .` x 8, `query qK` -> `K V1 V2`
+  values   multi-value: one key holds four values in four needles `needle K V .` spread over the context,
+           among distractor needles of other keys; `values qK` -> `K` then the four values, in any order
+  chain    variable tracking: `assign V1 V2 .`, `assign V2 V3 .`, `assign V3 V4 .` scattered in order, with
+           two distractor chains; `track V1` -> `V2 V3 V4` (names are value tokens)
+  common   frequent-word aggregation: a haystack of the 64 value words where three are much more frequent
+           than the other 61; `common` -> those three, in any order
+
+Every answer token after the first comes from a decode step (the steps sparse attention serves). In
+`values` the needed tokens sit in four places, in `chain` each hop looks up a different statement, and in
+`common` the answer is spread over the whole context. The vocabulary extends data.VOCAB (same ids first), so
+the needle model's embeddings carry over. Answers are checked by the independent solvers of solvers.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from scout_sglang.retrieval import data
+
+TASKS = ("niah", "values", "chain", "common")
+VOCAB = data.VOCAB + ["values", "track", "assign", "common"]
+TOKEN_ID = {word: index for index, word in enumerate(VOCAB)}
+VALUES_PER_KEY = 4
+HOPS = 3
+COMMON_WORDS = 3
+COMMON_SHARES = (0.08, 0.06, 0.04)  # of the haystack, for the three frequent words
+
+
+@dataclass
+class TaskSample:
+    task: str
+    prompt: list[int]
+    answer: list[int]  # the scored continuation (no terminator)
+    unordered_from: int  # answer[unordered_from:] may come in any order
+
+    def allowed(self) -> list[list[int]]:
+        """Per answer position under teacher forcing (the answer fed in its own order), the tokens that are right."""
+        sets = []
+        for i, token in enumerate(self.answer):
+            sets.append(sorted(set(self.answer[i:])) if i >= self.unordered_from else [token])
+        return sets
+
+    def is_correct(self, generated: list[int]) -> bool:
+        n, head = len(self.answer), self.unordered_from
+        got = list(generated[:n])
+        return got[:head] == self.answer[:head] and sorted(got[head:]) == sorted(self.answer[head:])
+
+
+def ids(words: list[str]) -> list[int]:
+    return [TOKEN_ID[w] for w in words]
+
+
+def words(token_ids: list[int]) -> list[str]:
+    return [VOCAB[i] for i in token_ids]
+
+
+def _pick(count: int, population: list[str], generator: torch.Generator) -> list[str]:
+    return [population[i] for i in torch.randperm(len(population), generator=generator)[:count].tolist()]
+
+
+def _filler(count: int, generator: torch.Generator) -> list[str]:
+    return [data.FILLER[i] for i in torch.randint(len(data.FILLER), (count,), generator=generator).tolist()]
+
+
+def _scatter(haystack: list[str], pieces: list[list[str]], generator: torch.Generator) -> list[str]:
+    """The pieces, in their order, inserted into the haystack at sorted random cut points."""
+    cuts = sorted(torch.randint(len(haystack) + 1, (len(pieces),), generator=generator).tolist())
+    text, start = [], 0
+    for cut, piece in zip(cuts, pieces):
+        text += haystack[start:cut] + piece
+        start = cut
+    return text + haystack[start:]
+
+
+def _check_length(length: int, needed: int, task: str) -> None:
+    if length < needed:
+        raise ValueError(f"{task}: length {length} is shorter than the {needed} tokens its statements need")
+
+
+def make_niah(length: int, generator: torch.Generator) -> TaskSample:
+    sample = data.make_sample(length, 8, generator)
+    return TaskSample("niah", sample.prompt, sample.answer[:3], 3)
+
+
+def make_values(length: int, generator: torch.Generator, distractor_keys: int = 4) -> TaskSample:
+    keys = _pick(1 + distractor_keys, data.KEYS, generator)
+    counts = [VALUES_PER_KEY] + [1 + int(torch.randint(VALUES_PER_KEY, (1,), generator=generator))
+                                 for _ in range(distractor_keys)]
+    values = _pick(sum(counts), data.VALUES, generator)
+    needles, used = [], 0
+    for key, count in zip(keys, counts):
+        needles += [["needle", key, value, "."] for value in values[used:used + count]]
+        used += count
+    order = torch.randperm(len(needles), generator=generator).tolist()
+    tail = ["values", data.query_key(keys[0])]
+    haystack_len = length - 1 - 4 * len(needles) - len(tail)
+    _check_length(haystack_len, 0, "values")
+    text = ["<bos>"] + _scatter(_filler(haystack_len, generator), [needles[i] for i in order], generator) + tail
+    return TaskSample("values", ids(text), ids([keys[0]] + values[:VALUES_PER_KEY]), 1)
+
+
+def make_chain(length: int, generator: torch.Generator, chains: int = 3) -> TaskSample:
+    names = _pick(chains * (HOPS + 1), data.VALUES, generator)  # value tokens: the ones the needle model copies
+    starts, variables = names[:chains], names[chains:]
+    statements = []  # (chain, hop, words): each chain's statements keep their order
+    for c, start in enumerate(starts):
+        names = [start] + variables[c * HOPS:(c + 1) * HOPS]
+        statements.append([["assign", names[h], names[h + 1], "."] for h in range(HOPS)])
+    interleaved = []  # a random interleaving of the chains, each in its own order
+    remaining = [list(s) for s in statements]
+    while any(remaining):
+        live = [c for c, s in enumerate(remaining) if s]
+        interleaved.append(remaining[live[int(torch.randint(len(live), (1,), generator=generator))]].pop(0))
+    tail = ["track", starts[0]]
+    haystack_len = length - 1 - 4 * len(interleaved) - len(tail)
+    _check_length(haystack_len, 0, "chain")
+    text = ["<bos>"] + _scatter(_filler(haystack_len, generator), interleaved, generator) + tail
+    return TaskSample("chain", ids(text), ids(variables[:HOPS]), HOPS)
+
+
+def make_common(length: int, generator: torch.Generator) -> TaskSample:
+    """Three value words at COMMON_SHARES of the haystack, the other value words drawn uniformly; redrawn until the least
+    frequent of the three beats every other word by at least 2 (so the answer is unambiguous)."""
+    tail = ["common"]
+    haystack_len = length - 1 - len(tail)
+    _check_length(haystack_len, 128, "common")
+    frequent = _pick(COMMON_WORDS, data.VALUES, generator)
+    others = [w for w in data.VALUES if w not in frequent]
+    counts = [max(1, round(share * haystack_len)) for share in COMMON_SHARES]
+    while True:
+        rest = [others[i] for i in torch.randint(len(others), (haystack_len - sum(counts),), generator=generator)]
+        busiest = max(Counter(rest).values())
+        if busiest + 2 <= min(counts):
+            break
+        counts = [c + 1 for c in counts]  # short haystacks: lift the frequent words until they stand out
+    haystack = rest + [w for w, c in zip(frequent, counts) for _ in range(c)]
+    shuffled = [haystack[i] for i in torch.randperm(len(haystack), generator=generator).tolist()]
+    return TaskSample("common", ids(["<bos>"] + shuffled + tail), ids(frequent), 0)
+
+
+MAKERS = {"niah": make_niah, "values": make_values, "chain": make_chain, "common": make_common}
+
+
+def make_batch(task: str, count: int, length: int, seed: int) -> list[TaskSample]:
+    if task not in MAKERS:
+        raise ValueError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
+    generator = torch.Generator().manual_seed(seed)
+    return [MAKERS[task](length, generator) for _ in range(count)]
+
+
+def training_tensors(samples: list[TaskSample]) -> tuple[torch.Tensor, list[tuple[int, int, list[int]]]]:
+    """Right-padded inputs (prompt + answer, minus the last token) and the supervised positions as
+    (row, position, allowed tokens)."""
+    rows = [s.prompt + s.answer for s in samples]
+    width = max(map(len, rows)) - 1
+    pad = TOKEN_ID["<pad>"]
+    inputs = torch.tensor([r[:-1] + [pad] * (width - len(r) + 1) for r in rows])
+    targets = [(b, len(s.prompt) - 1 + i, allowed) for b, s in enumerate(samples) for i, allowed in enumerate(s.allowed())]
+    return inputs, targets
+
+
+def build_tokenizer():
+    """The word-level tokenizer of the suite's vocabulary (one token per word)."""
+    return data.build_tokenizer(TOKEN_ID)

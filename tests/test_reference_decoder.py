@@ -92,3 +92,48 @@ def test_each_layer_is_selected_once_per_step(model_and_truth):
     for telemetry in result.telemetry:
         for layer, stats in telemetry.layers.items():
             assert stats.budget_blocks == budget_per_layer, f"layer {layer} selected more than once"
+
+
+def test_noise_blending_turns_each_row_to_exactly_the_asked_cosine_at_its_norm():
+    from scout_sglang.hf.reference_decoder import blend_to_cosine
+
+    q = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(3))
+    for cosine in (1.0, 0.95, 0.6, 0.0, -0.5):
+        turned = blend_to_cosine(q, cosine, torch.Generator().manual_seed(4))
+        got = torch.nn.functional.cosine_similarity(turned.flatten(1), q.flatten(1), dim=-1)
+        torch.testing.assert_close(got, torch.full((5,), cosine), atol=1e-5, rtol=0)
+        torch.testing.assert_close(turned.flatten(1).norm(dim=1), q.flatten(1).norm(dim=1))
+    other = blend_to_cosine(q, 0.6, torch.Generator().manual_seed(5))
+    assert not torch.allclose(other, blend_to_cosine(q, 0.6, torch.Generator().manual_seed(4)))  # real noise
+    with pytest.raises(ValueError, match="cosine"):
+        blend_to_cosine(q, 1.5, torch.Generator())
+
+
+def generate_with(model, prompts, new_tokens, config=SPARSE, **options):
+    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256, **options)
+    try:
+        return decoder.generate(prompts, new_tokens)
+    finally:
+        decoder.close()
+
+
+def test_a_noisy_prediction_is_what_the_engine_gets_and_what_is_measured(model_and_truth):
+    model, prompts, truth = model_and_truth
+    noisy = generate_with(model, prompts, 8, prediction_cosine=0.6)
+    assert sorted(noisy.query_cosine) == [1, 2]
+    assert all(abs(v - 0.6) < 1e-4 for values in noisy.query_cosine.values() for v in values)
+    # cosine 1: the engine selects with the real query, as without layer-ahead prediction; cosine 0 selects apart
+    same_layer = generate_with(model, prompts, 8, config=ScoutConfig(**{**SPARSE.__dict__, "layer_ahead": False}))
+    exact = generate_with(model, prompts, 8, prediction_cosine=1.0)
+    assert exact.tokens == same_layer.tokens
+    for ours, theirs in zip(exact.logits, same_layer.logits):
+        torch.testing.assert_close(ours, theirs, **LOGITS_TOLERANCE[torch.float32])
+    blind = generate_with(model, prompts, 8, prediction_cosine=0.0)
+    assert any(not torch.allclose(a, b, atol=1e-3) for a, b in zip(blind.logits, same_layer.logits))
+    exact = ScoutConfig(mode="scout", block_size=16, token_budget=256, sink_blocks=1, local_blocks=2, cpu_groups=1)
+    decoder = ReferenceDecoder(model, exact, max_requests=4, max_tokens_per_request=256, prediction_cosine=0.0)
+    try:
+        covering = decoder.generate(prompts, NEW_TOKENS)
+    finally:
+        decoder.close()
+    assert covering.tokens == truth.tokens  # the budget covers the context: the prediction cannot matter

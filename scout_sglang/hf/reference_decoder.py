@@ -6,6 +6,10 @@ attention calls go to engine.attend; a forward pre-hook on layer i's q_proj sees
 layer i's normalized input X_i and predicts layer i+1's query
 (RoPE(q_norm(W_q^{i+1} X_i))) for engine.predict. It measures the
 predicted-vs-real query cosine per layer along the way.
+
+With prediction_cosine=c the prediction is instead layer i+1's real query
+blended with random noise to cosine c (given to engine.predict just before
+attend): what layer-ahead selection would do with a predictor of that quality.
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ def _engine_attention(module, query, key, value, attention_mask, scaling, dropou
     return module._scout_decoder._attention(module, query, key, value, scaling)
 
 
+def blend_to_cosine(q: torch.Tensor, cosine: float, generator: torch.Generator) -> torch.Tensor:
+    """q [rows, ...] with each row turned, at its own norm, to a random direction at exactly `cosine` from it."""
+    if not -1.0 <= cosine <= 1.0:
+        raise ValueError(f"cosine must be in [-1, 1], got {cosine}")
+    flat = q.float().flatten(1)
+    unit = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    noise = torch.randn(flat.shape, generator=generator, dtype=torch.float32).to(flat.device)
+    noise = noise - (noise * unit).sum(1, keepdim=True) * unit
+    noise = noise / noise.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    turned = (cosine * unit + (1 - cosine ** 2) ** 0.5 * noise) * flat.norm(dim=1, keepdim=True)
+    return turned.view_as(q).to(q.dtype)
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 
@@ -53,11 +70,16 @@ class ReferenceDecoder:
     engine : optional factory engine(config, shape) of another engine with CoAttentionEngine's driver
         protocol (add_request, prefill, begin_step, wants_prediction, predict, attend, end_step,
         release_request, close), for example a second implementation to compare with
+    prediction_cosine : None (layer-ahead prediction) or the cosine to which each layer's real query is blended
+        with noise (seeded by noise_seed) to stand in for the prediction
     """
 
     def __init__(self, model, config: ScoutConfig, *, max_requests: int = 8, max_tokens_per_request: int = 4096,
-                 track_changes: bool = True, cpu_worker=None, engine=None):
+                 track_changes: bool = True, cpu_worker=None, engine=None,
+                 prediction_cosine: float | None = None, noise_seed: int = 0):
         register_attention()
+        self.prediction_cosine = prediction_cosine
+        self._noise = torch.Generator().manual_seed(noise_seed)
         self.model = model
         text = model.config
         self.layers = model.model.layers
@@ -96,7 +118,8 @@ class ReferenceDecoder:
 
     def _make_predict_hook(self, index):
         def hook(module, args):
-            if self._phase and self._phase[0] == "decode" and self.engine.wants_prediction(index + 1):
+            if (self.prediction_cosine is None and self._phase and self._phase[0] == "decode"
+                    and self.engine.wants_prediction(index + 1)):
                 q_pred = self.predict_query(index + 1, args[0])
                 self._predicted[index + 1] = q_pred
                 self.engine.predict(index + 1, q_pred)
@@ -124,6 +147,9 @@ class ReferenceDecoder:
             out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
             return out.transpose(1, 2).contiguous(), None
         q = query[:, :, 0].contiguous()
+        if self.prediction_cosine is not None and self.engine.wants_prediction(layer):
+            self._predicted[layer] = blend_to_cosine(q, self.prediction_cosine, self._noise)
+            self.engine.predict(layer, self._predicted[layer])
         predicted = self._predicted.pop(layer, None)
         if predicted is not None:
             cosine = F.cosine_similarity(predicted.float().flatten(1), q.float().flatten(1), dim=-1)

@@ -1,8 +1,9 @@
-"""Exact-match accuracy of the retrieval model, through the engine or a server.
+"""Exact-match accuracy of the retrieval models, through the engine or a server.
 
-A sample is right when the greedy continuation of its prompt is `K V1 V2`:
-the key repeated (from the dense prefill), then both values of the queried
-needle (from decode steps, where the sparse modes differ).
+A needle sample (data.py) is right when the greedy continuation of its prompt
+is `K V1 V2`: the key repeated (from the dense prefill), then both values of
+the queried needle (from decode steps, where the sparse modes differ). A suite
+sample (tasks.py) is right by its own TaskSample.is_correct.
 """
 
 from __future__ import annotations
@@ -11,17 +12,26 @@ from pathlib import Path
 
 import torch
 
-from scout_sglang.retrieval import data
+from scout_sglang.retrieval import data, tasks
+from scout_sglang.retrieval.tasks import TaskSample
 
 ANSWER_TOKENS = 3  # K V1 V2
 EVAL_SEED = 1_000  # held-out seeds: far from the training seeds (train.TRAIN_SEED + step)
 
 
-def bundled_model_dir() -> Path:
-    """The committed retrieval model (trained by scout_sglang.retrieval.train)."""
+def bundled_model_dir(name: str = "needle-llama") -> Path:
+    """A committed model: needle-llama (scout_sglang.retrieval.train) or ruler-llama (train_suite)."""
     import scout_sglang.assets
 
-    return Path(scout_sglang.assets.__file__).resolve().parent / "needle-llama"
+    return Path(scout_sglang.assets.__file__).resolve().parent / name
+
+
+def answer_length(sample) -> int:
+    return len(sample.answer) if isinstance(sample, TaskSample) else ANSWER_TOKENS
+
+
+def judge(sample, generated: list[int]) -> bool:
+    return sample.is_correct(generated) if isinstance(sample, TaskSample) else is_correct(sample, generated)
 
 
 def held_out(count: int, length: int, needles: int = 8, seed: int = EVAL_SEED) -> list[data.Sample]:
@@ -43,20 +53,22 @@ def engine_correct(model, samples: list[data.Sample], config, batch_size: int = 
     return engine_run(model, samples, config, batch_size)[0]
 
 
-def engine_run(model, samples: list[data.Sample], config, batch_size: int = 16) -> tuple[list[bool], dict[int, float]]:
+def engine_run(model, samples: list, config, batch_size: int = 16,
+               prediction_cosine: float | None = None) -> tuple[list[bool], dict[int, float]]:
     """Per-sample correctness and, per layer served with a predicted query, the mean cosine between the
-    predicted and the real query over all decode steps (empty when the mode predicts nothing)."""
+    predicted and the real query over all decode steps (empty when the mode predicts nothing).
+    prediction_cosine: the real query blended with noise to that cosine stands in for the prediction."""
     from scout_sglang.hf.reference_decoder import ReferenceDecoder
 
-    longest = max(len(s.prompt) for s in samples) + ANSWER_TOKENS
+    longest = max(len(s.prompt) + answer_length(s) for s in samples)
     decoder = ReferenceDecoder(model, config, max_requests=batch_size, max_tokens_per_request=longest,
-                               track_changes=False)
+                               track_changes=False, prediction_cosine=prediction_cosine)
     correct, cosines = [], {}
     try:
         for start in range(0, len(samples), batch_size):
             chunk = samples[start:start + batch_size]
-            result = decoder.generate([s.prompt for s in chunk], ANSWER_TOKENS)
-            correct += [is_correct(s, tokens) for s, tokens in zip(chunk, result.tokens)]
+            result = decoder.generate([s.prompt for s in chunk], max(map(answer_length, chunk)))
+            correct += [judge(s, tokens) for s, tokens in zip(chunk, result.tokens)]
             for layer, values in result.query_cosine.items():
                 cosines.setdefault(layer, []).extend(values)
     finally:
@@ -69,19 +81,24 @@ def engine_accuracy(model, samples: list[data.Sample], config, batch_size: int =
     return sum(engine_correct(model, samples, config, batch_size)) / len(samples)
 
 
-def server_accuracy(base: str, samples: list[data.Sample], concurrency: int = 8) -> float:
+def server_accuracy(base: str, samples: list, concurrency: int = 8) -> float:
     """Accuracy through a running server's OpenAI completions API (prompt as text, greedy)."""
+    correct = server_correct(base, samples, concurrency)
+    return sum(correct) / len(correct)
+
+
+def server_correct(base: str, samples: list, concurrency: int = 8) -> list[bool]:
+    """Per sample, whether a running server answers it (OpenAI completions API, prompt as text, greedy)."""
     import concurrent.futures
 
     from scout_sglang.server.client import post_json
 
     def ask(sample):
         reply = post_json(base + "/v1/completions", {
-            "model": "needle", "prompt": " ".join(data.words(sample.prompt)), "max_tokens": ANSWER_TOKENS,
+            "model": "needle", "prompt": " ".join(tasks.words(sample.prompt)), "max_tokens": answer_length(sample),
             "temperature": 0})
-        return reply["choices"][0]["text"].split()
+        words = reply["choices"][0]["text"].split()
+        return judge(sample, [tasks.TOKEN_ID.get(w, -1) for w in words])
 
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        texts = list(pool.map(ask, samples))
-    expected = [data.words(s.answer[:ANSWER_TOKENS]) for s in samples]
-    return sum(text[:ANSWER_TOKENS] == want for text, want in zip(texts, expected)) / len(samples)
+        return list(pool.map(ask, samples))

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.scout-installed
 
-.PHONY: setup test mutants bench-quick bench bench-gpu bench-capacity bench-prefix validate-plan soak demo harness-setup train-retrieval clean
+.PHONY: setup test mutants bench-quick bench bench-gpu bench-capacity bench-prefix validate-plan soak demo harness-setup train-retrieval train-suite bench-accuracy clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py
 	$(PY) -P benchmarks/bench_kernels.py
+
+# The five modes on the long-context suite (ruler-llama), engine and server, with the prediction-noise
+# sweep -> benchmarks/results/accuracy.{json,md,png} (about an hour on 2 CPU cores).
+bench-accuracy: $(STAMP)
+	$(PY) -P benchmarks/bench_accuracy.py
 
 # On a lent GPU machine (a CUDA torch and Triton already installed; no sglang, no network needed): the CUDA
 # tests, the kernels, host overhead, whole-step graph capture in every mode, decode steps (eager and replayed)
@@ -70,6 +75,11 @@ demo: $(STAMP)
 # Retrains the bundled retrieval model (about 10 minutes on 2 CPU cores).
 train-retrieval: $(STAMP)
 	$(PY) -P -m scout_sglang.retrieval.train --out scout_sglang/assets/needle-llama
+
+# Retrains the bundled suite model (8 layers, four long-context tasks) from the bundled
+# retrieval model (about 45 minutes on 2 CPU cores).
+train-suite: $(STAMP)
+	$(PY) -P -m scout_sglang.retrieval.train_suite --out scout_sglang/assets/ruler-llama
 
 # lm-evaluation-harness in its own environment, for benchmarks/harness/ruler_lm_eval.py.
 harness-setup: .venv-harness/.installed

@@ -46,9 +46,10 @@ def test_wheel_contains_every_module_and_native_source(wheel):
     assert not missing_native, f"native sources missing from the wheel: {missing_native}"
     presets = {p.name for p in (ROOT / "configs").glob("*.yaml")}
     assert presets and all(f"scout_sglang/configs/{p}" in names for p in presets)
-    model_files = {p.name for p in (ROOT / "scout_sglang" / "assets" / "needle-llama").iterdir()}
-    assert "model.safetensors" in model_files and "tokenizer.json" in model_files
-    assert all(f"scout_sglang/assets/needle-llama/{f}" in names for f in model_files)
+    for model in ("needle-llama", "ruler-llama"):
+        model_files = {p.name for p in (ROOT / "scout_sglang" / "assets" / model).iterdir()}
+        assert "model.safetensors" in model_files and "tokenizer.json" in model_files
+        assert all(f"scout_sglang/assets/{model}/{f}" in names for f in model_files)
     assert not any(n.startswith(("kernels/", "cpu_worker/", "configs/", "tests/", "cpu_serving/", "sgl_kernel/")) for n in names), "top-level folder leaked"
 
 

@@ -19,36 +19,57 @@ def load(relative):
 
 
 bench = load("benchmarks/bench_accuracy.py")
+report = load("benchmarks/accuracy_report.py")
 harness = load("benchmarks/harness/ruler_lm_eval.py")
 
 
-def rows_for(accuracies, context=2048, budget=256, path="engine"):
-    return [{"path": path, "mode": mode, "context": context, "budget": budget, "accuracy": value, "samples": 10}
-            for mode, value in accuracies.items()]
+def rows(task, fraction, correct_by_mode, path="engine", context=2048):
+    return [bench.cell(path, task, mode, context, fraction, [c == "1" for c in bits])
+            for mode, bits in correct_by_mode.items()]
 
 
-def test_scouts_drop_is_measured_against_full_and_quest_of_the_same_cell():
-    rows = rows_for({"full": 1.0, "quest": 0.9, "infinigen": 0.5, "hgca": 0.9, "scout": 0.85})
-    rows += rows_for({"full": 1.0, "quest": 1.0, "infinigen": 1.0, "hgca": 1.0, "scout": 1.0}, budget=1024)
-    drops = bench.scout_drops(rows)
-    assert drops == [
-        {"path": "engine", "context": 2048, "budget": 256, "scout": 0.85, "drop_vs_full_points": 15.0,
-         "drop_vs_quest_points": 5.0},
-        {"path": "engine", "context": 2048, "budget": 1024, "scout": 1.0, "drop_vs_full_points": 0.0,
-         "drop_vs_quest_points": 0.0}]
-    text = bench.markdown(rows, drops, {"model": "m", "samples": 10, "device": "cpu"})
-    assert "| engine | 2048 | 256 | 100.0 | 90.0 | 50.0 | 90.0 | 85.0 |" in text
-    assert "| engine | 2048 | 256 | 15.0 | 5.0 |" in text
+def test_cells_carry_wilson_intervals_and_drops_are_paired_per_sequence():
+    low, high = bench.wilson(8, 10)
+    assert 0.49 < low < 0.5 and 0.94 < high < 0.95  # the textbook Wilson interval of 8/10
+    assert bench.wilson(10, 10)[1] == 1.0 and bench.wilson(0, 10)[0] == 0.0
+    # the same accuracy (50%) but on other sequences: a paired drop of 0 only where the same ones are right
+    assert bench.paired_drop([True, True, False, False], [True, True, False, False]) == {"points": 0.0, "low": 0.0,
+                                                                                       "high": 0.0}
+    swapped = bench.paired_drop([True, True, False, False], [False, False, True, True])
+    assert swapped["points"] == 0.0 and swapped["low"] < -50 and swapped["high"] > 50
+    with pytest.raises(ValueError, match="paired"):
+        bench.paired_drop([True], [True, False])
 
 
-def test_scouts_predicted_query_cosine_is_tabled_per_layer_for_engine_cells_only():
-    rows = rows_for({"full": 1.0, "quest": 1.0, "scout": 0.9})
-    rows[-1]["query_cosine"] = {"1": 0.3214, "2": 0.9987}
-    rows += rows_for({"full": 1.0, "quest": 1.0, "scout": 0.9}, path="server")
-    text = bench.markdown(rows, bench.scout_drops(rows), {"model": "m", "samples": 10, "device": "cpu"})
-    assert "| context | budget | layer 1 | layer 2 |" in text
-    assert "| 2048 | 256 | 0.321 | 0.999 |" in text
-    assert bench.cosine_lines(rows_for({"full": 1.0, "scout": 0.9})) == []  # nothing measured: no table
+def test_the_checks_say_whether_the_suite_separates_the_modes_and_scout_keeps_up():
+    table = rows("chain", 8, {"full": "1111", "quest": "1111", "infinigen": "1111", "hgca": "1111", "scout": "1111"})
+    table += rows("chain", 16, {"full": "1111", "quest": "1110", "infinigen": "1111", "hgca": "1111", "scout": "1111"})
+    table += [bench.cell("noise", "chain", "scout", 2048, 16, [True, False, True, True], prediction_cosine=0.8)]
+    drops = bench.comparisons(table)
+    quest = [d for d in drops if d["mode"] == "quest" and d["fraction"] == 16][0]
+    assert quest["against"] == "full" and quest["points"] == 25.0
+    noise = [d for d in drops if d["path"] == "noise"][0]
+    assert noise["against"] == "quest" and noise["points"] == 0.0  # both miss one, not the same one
+    verdict = bench.checks(drops)
+    assert verdict["separates_at_1_16"] == [("quest", "chain")]
+    assert verdict["scout_within_1_at_1_8"] and verdict["scout_within_3_at_1_16"]
+    table += rows("common", 8, {"full": "1111", "scout": "1101"})
+    assert not bench.checks(bench.comparisons(table))["scout_within_1_at_1_8"]
+
+
+def test_the_report_tables_every_cell_drop_and_the_noise_sweep(tmp_path):
+    table = rows("niah", 8, {"full": "1111", "quest": "1110", "infinigen": "1100", "hgca": "1111", "scout": "1111"})
+    table[-1]["query_cosine"] = {"1": 0.9512, "2": 0.8871}
+    table += [bench.cell("noise", "niah", "scout", 2048, 8, [True, True, False, True], prediction_cosine=0.6)]
+    table += rows("niah", 8, {"full": "11", "scout": "10"}, path="server")
+    drops = bench.comparisons(table)
+    text = report.markdown(table, drops, bench.checks(drops), {"model": "m", "samples": 4, "device": "cpu"})
+    assert "| niah | 2048 | 1/8 | 100.0 [51, 100] | 75.0 [30, 95] | 50.0 [15, 85] |" in text
+    assert "| engine | niah | 2048 | 1/8 | +25.0 [" in text
+    assert "| niah | 2048 | 1/8 | 0.951 | 0.887 | 0.919 |" in text
+    assert "c = 0.6" in text and "## SGLang server" in text
+    report.plot(table, drops, tmp_path / "accuracy.png")
+    assert (tmp_path / "accuracy.png").stat().st_size > 10_000
 
 
 def test_the_harness_runs_lm_eval_against_the_servers_completions_endpoint(tmp_path):

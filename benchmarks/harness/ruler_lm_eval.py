@@ -10,6 +10,9 @@ with SGLang's); `make harness-setup` builds it in .venv-harness.
     # a GPU box with a downloaded model:
     python -P benchmarks/harness/ruler_lm_eval.py --model /models/Qwen3-8B --stock-backend flashinfer \\
         --scout-config qwen3-8b --tasks niah_single_1 niah_multikey_1 --lengths 16384 32768 --limit 100
+    # a scout server that is already up (started as users start it), only lm-eval here:
+    python -P benchmarks/harness/ruler_lm_eval.py --model /models/Qwen3-8B --server-url http://127.0.0.1:30000 \
+        --served-name Qwen3-8B --tasks niah_multikey_2 niah_multivalue ruler_vt ruler_fwe --lengths 16384
     # LongBench, when its data is in the local Hugging Face cache (HF_DATASETS_OFFLINE=1):
     python -P benchmarks/harness/ruler_lm_eval.py --model /models/Qwen3-8B --tasks longbench_hotpotqa ...
 
@@ -69,11 +72,18 @@ def run_backend(name: str, server_args: list[str], env: dict, args) -> dict:
     with launched_server(args.model, *server_args, "--served-model-name", args.served_name,
                          "--context-length", str(args.max_length + 256), env=env, device=args.device,
                          log_path=output / "server.log") as base:
-        start = time.perf_counter()
-        command = lm_eval_command(args.lm_eval_python, base, args, output)
-        log(f"{name}: {' '.join(command)}")
-        subprocess.run(command, check=True, env=dict(os.environ, HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
-        log(f"{name}: lm-eval finished in {time.perf_counter() - start:.0f} s")
+        return run_lm_eval(name, base, args)
+
+
+def run_lm_eval(name: str, base: str, args) -> dict:
+    """lm-eval against the server at `base` (http://host:port); its scores, from args.out/name."""
+    output = args.out / name
+    output.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    command = lm_eval_command(args.lm_eval_python, base, args, output)
+    log(f"{name}: {' '.join(command)}")
+    subprocess.run(command, check=True, env=dict(os.environ, HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"))
+    log(f"{name}: lm-eval finished in {time.perf_counter() - start:.0f} s")
     for results_file in output.rglob("results_*.json"):
         strip_machine_paths(results_file)
     return scores(output)
@@ -114,10 +124,15 @@ def main(argv=None) -> int:
     parser.add_argument("--served-name", default="model")
     parser.add_argument("--lm-eval-python", type=Path, default=HARNESS_PYTHON)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "harness")
+    parser.add_argument("--server-url", default=None,
+                        help="evaluate this running server (http://host:port) instead of launching stock and scout")
     args = parser.parse_args(argv)
     args.max_length = args.max_length or max(args.lengths or [4096])
     if not args.lm_eval_python.exists():
         parser.error(f"{args.lm_eval_python} not found: run `make harness-setup` (or pass --lm-eval-python)")
+    if args.server_url:
+        results = {f"server at {args.server_url}": run_lm_eval("server", args.server_url.rstrip("/"), args)}
+        return write_table(results, args)
     scout_env = {"SCOUT_CONFIG": args.scout_config, **({"SCOUT_TOKEN_BUDGET": str(args.budget)} if args.budget else {})}
     common = ["--disable-radix-cache", "--max-running-requests", str(args.concurrency),
               "--max-total-tokens", str(args.max_total_tokens or args.concurrency * (args.max_length + 512))]
@@ -127,6 +142,10 @@ def main(argv=None) -> int:
         f"scout ({args.scout_config}{f', budget {args.budget}' if args.budget else ''})":
             run_backend("scout", ["--attention-backend", "scout", *common], scout_env, args),
     }
+    return write_table(results, args)
+
+
+def write_table(results: dict, args) -> int:
     text = table(results)
     (args.out / "comparison.md").write_text(text)
     (args.out / "comparison.json").write_text(json.dumps(results, indent=1))

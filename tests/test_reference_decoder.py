@@ -38,8 +38,8 @@ def test_budget_covering_the_context_decodes_like_dense(model_and_truth, mode):
 SPARSE = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=2, cpu_groups=1)
 
 
-def generate_sparse(model, prompts, new_tokens):
-    decoder = ReferenceDecoder(model, SPARSE, max_requests=4, max_tokens_per_request=256)
+def generate_sparse(model, prompts, new_tokens, config=SPARSE, **options):
+    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256, **options)
     try:
         return decoder.generate(prompts, new_tokens)
     finally:
@@ -109,31 +109,20 @@ def test_noise_blending_turns_each_row_to_exactly_the_asked_cosine_at_its_norm()
         blend_to_cosine(q, 1.5, torch.Generator())
 
 
-def generate_with(model, prompts, new_tokens, config=SPARSE, **options):
-    decoder = ReferenceDecoder(model, config, max_requests=4, max_tokens_per_request=256, **options)
-    try:
-        return decoder.generate(prompts, new_tokens)
-    finally:
-        decoder.close()
-
-
 def test_a_noisy_prediction_is_what_the_engine_gets_and_what_is_measured(model_and_truth):
     model, prompts, truth = model_and_truth
-    noisy = generate_with(model, prompts, 8, prediction_cosine=0.6)
+    noisy = generate_sparse(model, prompts, 8, prediction_cosine=0.6)
     assert sorted(noisy.query_cosine) == [1, 2]
     assert all(abs(v - 0.6) < 1e-4 for values in noisy.query_cosine.values() for v in values)
     # cosine 1: the engine selects with the real query, as without layer-ahead prediction; cosine 0 selects apart
-    same_layer = generate_with(model, prompts, 8, config=ScoutConfig(**{**SPARSE.__dict__, "layer_ahead": False}))
-    exact = generate_with(model, prompts, 8, prediction_cosine=1.0)
+    same_layer = generate_sparse(model, prompts, 8, config=ScoutConfig(**{**SPARSE.__dict__, "layer_ahead": False}))
+    exact = generate_sparse(model, prompts, 8, prediction_cosine=1.0)
     assert exact.tokens == same_layer.tokens
     for ours, theirs in zip(exact.logits, same_layer.logits):
         torch.testing.assert_close(ours, theirs, **LOGITS_TOLERANCE[torch.float32])
-    blind = generate_with(model, prompts, 8, prediction_cosine=0.0)
+    blind = generate_sparse(model, prompts, 8, prediction_cosine=0.0)
     assert any(not torch.allclose(a, b, atol=1e-3) for a, b in zip(blind.logits, same_layer.logits))
-    exact = ScoutConfig(mode="scout", block_size=16, token_budget=256, sink_blocks=1, local_blocks=2, cpu_groups=1)
-    decoder = ReferenceDecoder(model, exact, max_requests=4, max_tokens_per_request=256, prediction_cosine=0.0)
-    try:
-        covering = decoder.generate(prompts, NEW_TOKENS)
-    finally:
-        decoder.close()
+    covering_budget = ScoutConfig(mode="scout", block_size=16, token_budget=256, sink_blocks=1, local_blocks=2,
+                                  cpu_groups=1)
+    covering = generate_sparse(model, prompts, NEW_TOKENS, config=covering_budget, prediction_cosine=0.0)
     assert covering.tokens == truth.tokens  # the budget covers the context: the prediction cannot matter

@@ -110,6 +110,7 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
         if recall == "selected":
             candidates = unforced
         else:
+            cpu_counts = cpu_counts.to(counts.device, non_blocking=True)  # on a GPU the hand-off's page-locked copy
             if recall_due is not None:
                 due = (recall_due != 0).view(-1, 1)
             else:  # each row's own share: a row decides alone (and a tensor-parallel rank, holding some heads, alike)

@@ -21,7 +21,7 @@ import contextlib
 
 import pytest
 import torch
-from support import requires_triton
+from support import TRITON_DEVICE, requires_triton
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
@@ -38,20 +38,20 @@ ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "one
 
 
 def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", kernel_impl=None, fixed_widths=True,
-                length=70, spread=3):
+                length=70, spread=3, device="cpu"):
     shape = ModelShape(num_layers=LAYERS, num_qo_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=6 * BLOCK, resident_blocks=3, cpu_groups=1,
                          dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1,
                          kernel_impl=kernel_impl)
-    engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
+    engine = CoAttentionEngine(config, shape, device=device, dtype=torch.float32, max_requests=batch,
                                max_tokens_per_request=length + 3 * batch + 32, fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
     for rid in range(batch):
         engine.add_request(rid)
         n = length + spread * rid  # mixed lengths: blocks complete in different steps
         for layer in range(LAYERS):
-            engine.prefill(rid, layer, torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen),
-                           torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen))
+            engine.prefill(rid, layer, torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen).to(device),
+                           torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen).to(device))
     return engine
 
 
@@ -62,9 +62,9 @@ def decode_step(engine, gen, *, counters=None):
 
     Returns the layer outputs, the blocks recalled and whether a token completed a block."""
     shape, batch = engine.shape, len(engine.requests)
-    q = torch.randn(LAYERS, batch, shape.num_qo_heads, HEAD_DIM, generator=gen)
-    kv = torch.randn(2, LAYERS, batch, shape.num_kv_heads, HEAD_DIM, generator=gen)
-    outputs = torch.zeros(LAYERS, batch, shape.num_qo_heads, HEAD_DIM)
+    q = torch.randn(LAYERS, batch, shape.num_qo_heads, HEAD_DIM, generator=gen).to(engine.device)
+    kv = torch.randn(2, LAYERS, batch, shape.num_kv_heads, HEAD_DIM, generator=gen).to(engine.device)
+    outputs = torch.zeros(LAYERS, batch, shape.num_qo_heads, HEAD_DIM, device=engine.device)
     engine.begin_step(sorted(engine.requests))
 
     def counted(layer):
@@ -91,8 +91,10 @@ def decode_step(engine, gen, *, counters=None):
 def test_a_gpu_runs_a_handful_of_launches_per_layer_allocates_nothing_and_reads_nothing_back(mode, one_torch_thread):
     python = {}
     for batch, num_kv_heads in ((1, 1), (4, 2), (8, 8), (32, 1), (64, 8)):
-        run = batch * num_kv_heads <= 8  # larger: counted, not run (see LaunchCounter): the interpreter is slow
-        engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45)  # 48: a block completes
+        # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
+        run = batch * num_kv_heads <= 8 or TRITON_DEVICE == "cuda"
+        engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45,  # 48: a block completes
+                             device=TRITON_DEVICE)
         counters = {}
 
         def per_layer(layer):

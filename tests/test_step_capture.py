@@ -3,7 +3,7 @@
 The CPU proxy of a captured graph: the engine's Triton path runs under Triton's interpreter, and a step's
 every launch, over every layer, the layer-ahead fronts and the CPU part's ring and wait included, is recorded
 once (launch_program.Recorder: what a capture records) over static input and output buffers, with a plan of
-padding rows only (as SGLang captures with a dummy batch). Each later step writes its plan into the static plan
+padding rows only (as SGLang captures with a dummy batch). On a GPU the same test captures a real CUDA graph. Each later step writes its plan into the static plan
 buffer (begin_step, outside the graph) and its inputs into the static buffers, then replays the recorded
 launches, and nothing else: the outputs equal an eager engine's, and so do the step's counters. That holds only
 if the step allocates nothing, reads nothing back, branches on no data on the host and writes every
@@ -12,7 +12,7 @@ per-step value into static buffers.
 
 import pytest
 import torch
-from support import requires_triton
+from support import TRITON_DEVICE, requires_triton
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
@@ -28,14 +28,41 @@ CAPTURED_ROWS = 4  # the graph's batch size: one row more than the requests, a p
 def make_engine(mode):
     config = ScoutConfig(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                          resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton")
-    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
+    engine = CoAttentionEngine(config, SHAPE, device=TRITON_DEVICE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
                                max_tokens_per_request=128, fixed_widths=True)
     gen = torch.Generator().manual_seed(0)
     for rid, n in enumerate(LENGTHS):
         engine.add_request(rid)
         for layer in range(SHAPE.num_layers):
-            engine.prefill(rid, layer, torch.randn(n, 2, 16, generator=gen), torch.randn(n, 2, 16, generator=gen))
+            k, v = (torch.randn(n, 2, 16, generator=gen).to(TRITON_DEVICE) for _ in range(2))
+            engine.prefill(rid, layer, k, v)
     return engine
+
+
+def capture(engine, *buffers):
+    """Capture one step over the static buffers (a plan of padding rows only) -> the function that replays it: a
+    CUDA graph on a GPU; on the CPU the recorded Triton launches, run again and nothing else."""
+    engine.begin_step([], rows=CAPTURED_ROWS)
+    if TRITON_DEVICE == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(stream):
+            layer_loop(engine, *buffers)  # warm-up: Triton compiles and the layer programs record
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            layer_loop(engine, *buffers)
+        engine.end_step(read=False)
+        return graph.replay
+    with torch.no_grad(), Recorder() as recorder:
+        layer_loop(engine, *buffers)
+    engine.end_step(read=False)
+    assert len(recorder.launches) >= 2 * SHAPE.num_layers
+
+    def replay():
+        for kernel, grid, args, kwargs in recorder.launches:
+            kernel.run(*args, grid=grid, warmup=False, **kwargs)
+    return replay
 
 
 def layer_loop(engine, q, q_pred, k, v, out):
@@ -49,28 +76,24 @@ def layer_loop(engine, q, q_pred, k, v, out):
 def test_a_step_recorded_once_replays_every_later_step_like_an_eager_engine(mode):
     eager, graph = make_engine(mode), make_engine(mode)
     shape = (SHAPE.num_layers, CAPTURED_ROWS)
-    q, q_pred, out = (torch.zeros(*shape, 4, 16) for _ in range(3))  # the graph's static buffers
-    k, v = torch.zeros(*shape, 2, 16), torch.zeros(*shape, 2, 16)
-    graph.begin_step([], rows=CAPTURED_ROWS)  # capture: a dummy batch, every row padding
-    with torch.no_grad(), Recorder() as capture:
-        layer_loop(graph, q, q_pred, k, v, out)
-    graph.end_step(read=False)
-    assert len(capture.launches) >= 2 * SHAPE.num_layers
+    q, q_pred, out = (torch.zeros(*shape, 4, 16, device=TRITON_DEVICE) for _ in range(3))  # the static buffers
+    k, v = (torch.zeros(*shape, 2, 16, device=TRITON_DEVICE) for _ in range(2))
+    replay = capture(graph, q, q_pred, k, v, out)
     gen = torch.Generator().manual_seed(3)
     rows, eager_totals = len(LENGTHS), []
     try:
         for step in range(6):  # first fills, block fills and interval recalls among these steps
-            inputs = [torch.randn(SHAPE.num_layers, rows, *t.shape[2:], generator=gen) for t in (q, q_pred, k, v)]
+            inputs = [torch.randn(SHAPE.num_layers, rows, *t.shape[2:], generator=gen).to(TRITON_DEVICE)
+                      for t in (q, q_pred, k, v)]
             eager.begin_step(list(range(rows)))
-            expected = torch.zeros(SHAPE.num_layers, rows, 4, 16)
+            expected = torch.zeros(SHAPE.num_layers, rows, 4, 16, device=TRITON_DEVICE)
             with torch.no_grad():
                 layer_loop(eager, inputs[0], inputs[1], inputs[2], inputs[3], expected)
             eager_totals.append(eager.end_step().totals())
             for static, live in zip((q, q_pred, k, v), inputs):
                 static[:, :rows] = live
             graph.begin_step(list(range(rows)), rows=CAPTURED_ROWS)  # the plan: outside the graph
-            for kernel, grid, args, kwargs in capture.launches:  # the replay: the recorded launches, nothing else
-                kernel.run(*args, grid=grid, warmup=False, **kwargs)
+            replay()
             graph.end_step(read=False)
             torch.testing.assert_close(out[:, :rows], expected, atol=2e-5, rtol=2e-5, msg=lambda m: f"step {step}: {m}")
             assert torch.count_nonzero(out[:, rows:]) == 0, "the padding row attends nothing"

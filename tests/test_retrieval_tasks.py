@@ -19,6 +19,26 @@ def test_every_generated_answer_is_what_an_independent_solver_finds(task, length
         assert sorted(answer[ordered:]) == sorted(tasks.words(sample.answer)[ordered:])
 
 
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_every_training_follow_up_question_is_answered_as_the_solver_answers_it(task):
+    asked = 0
+    plain = tasks.make_batch(task, 1, 512, seed=9)[0]
+    for n, sample in enumerate(tasks.make_batch(task, 10, 512, seed=9, all_questions=True)):
+        if n == 0:  # the first sample is the one a plain batch makes: follow-ups are only appended
+            assert (plain.prompt, plain.answer) == (sample.prompt, sample.answer)
+        text = tasks.words(sample.prompt + sample.answer + sample.extra)
+        start, supervised = len(sample.prompt) + len(sample.answer), sample.extra_supervised + [False]
+        for i in range(len(sample.extra)):
+            if supervised[i] and not supervised[i - 1]:  # an answer starts: the text before it asks the question
+                end = i + supervised[i:].index(False)
+                answer, ordered = solvers.SOLVERS[task](text[:start + i])
+                given = text[start + i:start + end][:len(answer)]
+                assert given[:ordered] == answer[:ordered] and sorted(given[ordered:]) == sorted(answer[ordered:])
+                assert given[ordered:] == sorted(given[ordered:])  # sets are taught in ascending id
+                asked += 1
+    assert asked == {"niah": 70, "values": 40, "chain": 20, "common": 0}[task]
+
+
 def test_the_solvers_answer_hand_written_prompts_and_refuse_ambiguous_ones():
     niah = "<bos> ban needle K01 V01 V02 . der needle K02 V03 V04 . fil query q02".split()
     assert solvers.solve_niah(niah) == (["K02", "V03", "V04"], 3)
@@ -69,7 +89,9 @@ def test_scoring_takes_any_order_only_where_the_task_allows_it():
     assert not values.is_correct([key] + found[:-1] + [found[0]])
     chain = tasks.make_batch("chain", 1, 256, seed=6)[0]
     assert chain.is_correct(chain.answer) and not chain.is_correct(chain.answer[::-1])
-    assert values.allowed()[0] == [key] and values.allowed()[1] == sorted(found) and values.allowed()[-1] == [found[-1]]
+    assert found == sorted(found) and values.allowed() == [[token] for token in values.answer]  # taught sorted
+    common = tasks.make_batch("common", 1, 512, seed=6)[0]
+    assert common.answer == sorted(common.answer) and common.is_correct(common.answer[::-1])
 
 
 def test_the_vocabulary_extends_the_needle_vocabulary_id_for_id():

@@ -22,9 +22,12 @@ def held_out(task, count, context=CONTEXT, seed=555):
     return tasks.make_batch(task, count, context, seed=seed + tasks.TASKS.index(task))
 
 
-@pytest.mark.xfail(strict=True, reason="the committed ruler-llama misses the suite's 95% bar on every task (niah 28/40, "
-                   "values 3/40, chain 31/40, common 7/40 here; docs/accuracy.md): a retrained model must pass this")
-@pytest.mark.parametrize("task", tasks.TASKS)
+VALUES_SHORT = pytest.mark.xfail(strict=True, reason="the committed ruler-llama answers `values` 21 times in 40 here "
+                                 "(docs/accuracy.md): it often skips a value of the ascending order; a model trained "
+                                 "further must pass this")
+
+
+@pytest.mark.parametrize("task", [pytest.param(t, marks=VALUES_SHORT) if t == "values" else t for t in tasks.TASKS])
 def test_full_attention_answers_every_task_at_2048_tokens(model, task):
     samples = held_out(task, 40)
     correct = evaluate.engine_correct(model, samples, FULL, batch_size=20)

@@ -5,8 +5,12 @@
            among distractor needles of other keys; `values qK` -> `K` then the four values, in any order
   chain    variable tracking: `assign V1 V2 .`, `assign V2 V3 .`, `assign V3 V4 .` scattered in order, with
            two distractor chains; `track V1` -> `V2 V3 V4` (names are value tokens)
-  common   frequent-word aggregation: a haystack of the 64 value words where three are much more frequent
-           than the other 61; `common` -> those three, in any order
+  common   frequent-word aggregation: a haystack of the 64 value words where three take 6% each and the
+           other 61 share the rest (1.3% each); `common` -> those three, in any order
+
+Set answers are scored in any order and taught in one: ascending token id (V03 before V11). Then what a
+step must leave out is what the input token already rules out (every id up to it), where a set taught in
+any order needs each step to remember every word given so far (a small model keeps repeating one).
 
 Every answer token after the first comes from a decode step (the steps sparse attention serves). In
 `values` the needed tokens sit in four places, in `chain` each hop looks up a different statement, and in
@@ -17,7 +21,7 @@ the needle model's embeddings carry over. Answers are checked by the independent
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,7 +33,7 @@ TOKEN_ID = {word: index for index, word in enumerate(VOCAB)}
 VALUES_PER_KEY = 4
 HOPS = 3
 COMMON_WORDS = 3
-COMMON_SHARES = (0.08, 0.06, 0.04)  # of the haystack, for the three frequent words
+COMMON_SHARES = (0.06, 0.06, 0.06)  # of the haystack, for the three frequent words (as frequent as each other)
 
 
 @dataclass
@@ -38,13 +42,18 @@ class TaskSample:
     prompt: list[int]
     answer: list[int]  # the scored continuation (no terminator)
     unordered_from: int  # answer[unordered_from:] may come in any order
+    extra: list[int] = field(default_factory=list)  # training only: more questions and answers after the answer
+    extra_supervised: list[bool] = field(default_factory=list)  # which extra tokens carry a loss (not the questions)
+
+    def ask(self, question: list[str], answer: list[int]) -> None:
+        """Append a training-only question about the same context and its answer (the answer supervised)."""
+        self.extra += ids(question) + answer
+        self.extra_supervised += [False] * len(question) + [True] * len(answer)
 
     def allowed(self) -> list[list[int]]:
-        """Per answer position under teacher forcing (the answer fed in its own order), the tokens that are right."""
-        sets = []
-        for i, token in enumerate(self.answer):
-            sets.append(sorted(set(self.answer[i:])) if i >= self.unordered_from else [token])
-        return sets
+        """Per answer position under teacher forcing, the tokens taught as right: the answer's own, in its order (a
+        set comes in ascending id, see the module's note)."""
+        return [[token] for token in self.answer]
 
     def is_correct(self, generated: list[int]) -> bool:
         n, head = len(self.answer), self.unordered_from
@@ -83,12 +92,17 @@ def _check_length(length: int, needed: int, task: str) -> None:
         raise ValueError(f"{task}: length {length} is shorter than the {needed} tokens its statements need")
 
 
-def make_niah(length: int, generator: torch.Generator) -> TaskSample:
-    sample = data.make_sample(length, 8, generator)
-    return TaskSample("niah", sample.prompt, sample.answer[:3], 3)
+def make_niah(length: int, generator: torch.Generator, all_questions: bool = False) -> TaskSample:
+    sample = data.make_sample(length, 8, generator, all_queries=all_questions)
+    task = TaskSample("niah", sample.prompt, sample.answer[:3], 3)
+    if all_questions:  # the needle task's own follow-ups, after the answer's `. <eos>`
+        task.extra = sample.answer[3:] + sample.extra
+        task.extra_supervised = [False] * len(sample.answer[3:]) + sample.extra_supervised
+    return task
 
 
-def make_values(length: int, generator: torch.Generator, distractor_keys: int = 4) -> TaskSample:
+def make_values(length: int, generator: torch.Generator, distractor_keys: int = 4,
+                all_questions: bool = False) -> TaskSample:
     keys = _pick(1 + distractor_keys, data.KEYS, generator)
     counts = [VALUES_PER_KEY] + [1 + int(torch.randint(VALUES_PER_KEY, (1,), generator=generator))
                                  for _ in range(distractor_keys)]
@@ -102,10 +116,16 @@ def make_values(length: int, generator: torch.Generator, distractor_keys: int = 
     haystack_len = length - 1 - 4 * len(needles) - len(tail)
     _check_length(haystack_len, 0, "values")
     text = ["<bos>"] + _scatter(_filler(haystack_len, generator), [needles[i] for i in order], generator) + tail
-    return TaskSample("values", ids(text), ids([keys[0]] + values[:VALUES_PER_KEY]), 1)
+    sample = TaskSample("values", ids(text), ids([keys[0]]) + sorted(ids(values[:VALUES_PER_KEY])), 1)
+    if all_questions:
+        starts = [sum(counts[:k]) for k in range(len(keys))]
+        for k in torch.randperm(distractor_keys, generator=generator).add(1).tolist():
+            sample.ask(["values", data.query_key(keys[k])],
+                       ids([keys[k]]) + sorted(ids(values[starts[k]:starts[k] + counts[k]])))
+    return sample
 
 
-def make_chain(length: int, generator: torch.Generator, chains: int = 3) -> TaskSample:
+def make_chain(length: int, generator: torch.Generator, chains: int = 3, all_questions: bool = False) -> TaskSample:
     names = _pick(chains * (HOPS + 1), data.VALUES, generator)  # value tokens: the ones the needle model copies
     starts, variables = names[:chains], names[chains:]
     statements = []  # (chain, hop, words): each chain's statements keep their order
@@ -121,10 +141,14 @@ def make_chain(length: int, generator: torch.Generator, chains: int = 3) -> Task
     haystack_len = length - 1 - 4 * len(interleaved) - len(tail)
     _check_length(haystack_len, 0, "chain")
     text = ["<bos>"] + _scatter(_filler(haystack_len, generator), interleaved, generator) + tail
-    return TaskSample("chain", ids(text), ids(variables[:HOPS]), HOPS)
+    sample = TaskSample("chain", ids(text), ids(variables[:HOPS]), HOPS)
+    if all_questions:
+        for c in torch.randperm(chains - 1, generator=generator).add(1).tolist():
+            sample.ask(["track", starts[c]], ids(variables[c * HOPS:(c + 1) * HOPS]))
+    return sample
 
 
-def make_common(length: int, generator: torch.Generator) -> TaskSample:
+def make_common(length: int, generator: torch.Generator, all_questions: bool = False) -> TaskSample:
     """Three value words at COMMON_SHARES of the haystack, the other value words drawn uniformly; redrawn until the least
     frequent of the three beats every other word by at least 2 (so the answer is unambiguous)."""
     tail = ["common"]
@@ -141,27 +165,32 @@ def make_common(length: int, generator: torch.Generator) -> TaskSample:
         counts = [c + 1 for c in counts]  # short haystacks: lift the frequent words until they stand out
     haystack = rest + [w for w, c in zip(frequent, counts) for _ in range(c)]
     shuffled = [haystack[i] for i in torch.randperm(len(haystack), generator=generator).tolist()]
-    return TaskSample("common", ids(["<bos>"] + shuffled + tail), ids(frequent), 0)
+    return TaskSample("common", ids(["<bos>"] + shuffled + tail), sorted(ids(frequent)), 0)
 
 
 MAKERS = {"niah": make_niah, "values": make_values, "chain": make_chain, "common": make_common}
 
 
-def make_batch(task: str, count: int, length: int, seed: int) -> list[TaskSample]:
+def make_batch(task: str, count: int, length: int, seed: int, *, all_questions: bool = False) -> list[TaskSample]:
+    """`count` samples of `task`. all_questions (training): after the answer, ask about every other key or chain
+    of the same context too (`extra`), for more supervised tokens per sequence (`common` has one question)."""
     if task not in MAKERS:
         raise ValueError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
     generator = torch.Generator().manual_seed(seed)
-    return [MAKERS[task](length, generator) for _ in range(count)]
+    return [MAKERS[task](length, generator, all_questions=all_questions) for _ in range(count)]
 
 
 def training_tensors(samples: list[TaskSample]) -> tuple[torch.Tensor, list[tuple[int, int, list[int]]]]:
     """Right-padded inputs (prompt + answer, minus the last token) and the supervised positions as
     (row, position, allowed tokens)."""
-    rows = [s.prompt + s.answer for s in samples]
+    rows = [s.prompt + s.answer + s.extra for s in samples]
     width = max(map(len, rows)) - 1
     pad = TOKEN_ID["<pad>"]
     inputs = torch.tensor([r[:-1] + [pad] * (width - len(r) + 1) for r in rows])
     targets = [(b, len(s.prompt) - 1 + i, allowed) for b, s in enumerate(samples) for i, allowed in enumerate(s.allowed())]
+    for b, s in enumerate(samples):
+        first = len(s.prompt) - 1 + len(s.answer)  # the position that predicts extra[0]
+        targets += [(b, first + i, [token]) for i, (token, on) in enumerate(zip(s.extra, s.extra_supervised)) if on]
     return inputs, targets
 
 

@@ -4,7 +4,14 @@ It starts from the bundled needle model (3 layers that already match keys; a dee
 scratch here never forms that circuit), extends its vocabulary to the suite's, and grows it to eight layers
 with silent new layers (grow.py) at --insert-layers, so every old layer is preceded by a quiet one. Then all
 four tasks train together: 256 tokens first (weighted to the tasks that need new circuits), lengths ramping
-to 2048, and the last 30% of the steps at 2k-8k.
+to 2048, and the last 30% of the steps at 2k-8k. `--resume` trains a saved model on at 512-4096 tokens, weighted
+to values, common and niah, on data the earlier runs did not see (`make train-suite` runs one first run and two
+resumed ones).
+
+Every sequence asks all its questions (tasks.make_batch(all_questions=True): after the answer, every other key
+or chain of the same context), so a long context carries 3-8 answers instead of one; each task weighs the same
+in the answer loss however many it asks. Set answers are taught in ascending id (tasks.py), and a term weighted
+by --repeat-penalty pushes down the words a set answer already gave.
 
 Residual-dominated: in real models each layer changes the residual stream little, so a layer's query
 computed from the previous layer's input is close to its own (cosine 0.93-0.97), which is what layer-ahead
@@ -15,7 +22,8 @@ x the normalized layer inputs, weighted by --consistency. Above the floor it cos
 queries free to read what the tasks need once the prediction is good enough.
 The report gives, per layer, that cosine at the answer positions and the update norm over the residual norm.
 
-    python -P -m scout_sglang.retrieval.train_suite --out scout_sglang/assets/ruler-llama   # about 45 minutes
+    python -P -m scout_sglang.retrieval.train_suite --out DIR                # about 40 minutes
+    python -P -m scout_sglang.retrieval.train_suite --resume DIR --out DIR2  # on from DIR
 """
 
 from __future__ import annotations
@@ -71,19 +79,26 @@ def length_for(step: int, steps: int, generator: torch.Generator) -> int:
 
 RESUME_SEED_OFFSET = 5_000_000  # a resumed run draws other sequences than the first
 EARLY_MIX = ("values", "common", "values", "common", "values", "common", "chain", "niah")  # the new circuits first
+RESUME_MIX = ("values", "common", "niah", "values", "common", "niah", "common", "chain")  # the weak ones of a first run
+RESUME_LENGTHS = (512, 1024, 1024, 2048, 2048, 4096)
 
 
-def step_samples(step: int, steps: int, tokens_per_step: int, resumed: bool = False) -> list[tasks.TaskSample]:
+def step_samples(step: int, steps: int, tokens_per_step: int, resumed: bool = False,
+                 first_step: int = 0) -> list[tasks.TaskSample]:
     """One step's sequences: the four tasks in turn (weighted to the slow learners during the short phase and
-    in a resumed run, whose lengths are 512, 1024 or 2048)."""
-    generator = torch.Generator().manual_seed(TRAIN_SEED + (RESUME_SEED_OFFSET if resumed else 0) + step)
-    length = (512, 1024, 2048)[int(torch.randint(3, (1,), generator=generator))] if resumed else \
-        length_for(step, steps, generator)
+    in a resumed run, whose lengths are RESUME_LENGTHS). first_step: the resumed steps run before this run (a
+    resumed run goes on where the last one's data ended, never repeating it)."""
+    step_seed = TRAIN_SEED + (RESUME_SEED_OFFSET if resumed else 0) + first_step + step
+    generator = torch.Generator().manual_seed(step_seed)
+    if resumed:
+        length = RESUME_LENGTHS[int(torch.randint(len(RESUME_LENGTHS), (1,), generator=generator))]
+    else:
+        length = length_for(step, steps, generator)
     count = max(1, tokens_per_step // length)
-    mix = EARLY_MIX if length == 256 or resumed else tasks.TASKS
+    mix = RESUME_MIX if resumed else EARLY_MIX if length == 256 else tasks.TASKS
     offset = int(torch.randint(len(mix), (1,), generator=generator))
-    return [tasks.make_batch(mix[(offset + i) % len(mix)], 1, length, seed=TRAIN_SEED + 7 * step + i)[0]
-            for i in range(count)]
+    return [tasks.make_batch(mix[(offset + i) % len(mix)], 1, length, seed=step_seed * 64 + i,
+                             all_questions=True)[0] for i in range(count)]
 
 
 def layer_queries(model, hidden: tuple, layer: int, positions: torch.Tensor):
@@ -94,8 +109,20 @@ def layer_queries(model, hidden: tuple, layer: int, positions: torch.Tensor):
     return ahead, real
 
 
-def losses(model, samples: list[tasks.TaskSample]) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(answer loss, consistency loss, per-task teacher-forced accuracy) of one batch."""
+def repeat_mask(samples: list[tasks.TaskSample], targets: list, vocab_size: int) -> torch.Tensor:
+    """Per supervised position, the set-answer tokens already given before it (a right answer never repeats one)."""
+    mask = torch.zeros(len(targets), vocab_size, dtype=torch.bool)
+    for i, (b, position, _) in enumerate(targets):
+        sample = samples[b]
+        index = position - (len(sample.prompt) - 1)
+        mask[i, sample.answer[sample.unordered_from:index]] = True
+    return mask
+
+
+def losses(model, samples: list[tasks.TaskSample], repeat_penalty: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(answer loss, consistency loss, per-task teacher-forced accuracy) of one batch. The answer loss is the
+    allowed tokens' negative log-likelihood plus, weighted by `repeat_penalty`, -log(1 - p(a token the set answer
+    already gave)): teacher forcing alone teaches greedy decoding to name the likeliest word again."""
     inputs, targets = tasks.training_tensors(samples)
     out = model.model(input_ids=inputs, output_hidden_states=True)
     rows = torch.tensor([b for b, _, _ in targets])
@@ -104,7 +131,14 @@ def losses(model, samples: list[tasks.TaskSample]) -> tuple[torch.Tensor, torch.
     mask = torch.zeros_like(logits, dtype=torch.bool)
     for i, (_, _, allowed) in enumerate(targets):
         mask[i, allowed] = True
-    answer = (logits.logsumexp(-1) - logits.masked_fill(~mask, -math.inf).logsumexp(-1)).mean()
+    per_target = logits.logsumexp(-1) - logits.masked_fill(~mask, -math.inf).logsumexp(-1)
+    task_of = [samples[b].task for b, _, _ in targets]  # each task weighs the same, however many questions it asks
+    answer = torch.stack([per_target[[t == task for t in task_of]].mean() for task in sorted(set(task_of))]).mean()
+    repeats = repeat_mask(samples, targets, logits.shape[-1])
+    if repeat_penalty and repeats.any():
+        given = repeats.any(-1)
+        log_repeat = (logits.masked_fill(~repeats, -math.inf).logsumexp(-1) - logits.logsumexp(-1))[given]
+        answer = answer + repeat_penalty * -torch.log1p(-log_repeat.exp().clamp(max=1 - 1e-6)).mean()
     right = mask[torch.arange(len(targets)), logits.argmax(-1)]
     per_task: dict[str, list[bool]] = {}
     for (b, _, _), ok in zip(targets, right.tolist()):
@@ -151,15 +185,18 @@ def residual_profile(model, length: int = 2048, count: int = 2) -> dict:
 
 
 def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens_per_step: int, lr: float,
-          consistency: float, seed: int, eval_every: int, resume: Path | None = None) -> dict:
+          consistency: float, seed: int, eval_every: int, resume: Path | None = None,
+          repeat_penalty: float = 0.0) -> dict:
     """Grow `base` and train it, or (resume) train a saved suite model on; save to `out` with the report."""
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
     earlier = json.loads((resume / "training_report.json").read_text()) if resume else None
+    first_step = 0
     if resume:
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32)
         log(f"resuming {resume} ({earlier['steps']} steps, {earlier['train_seconds']} s so far)")
+        first_step = earlier.get("resumed_steps", earlier["steps"] if "earlier" in earlier else 0)
     else:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model = grow.grow(extend_vocabulary(model, len(tasks.VOCAB), seed), insert_layers, seed=seed)
@@ -172,8 +209,9 @@ def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens
     history, tally = [], {}
     model.train()
     for step in range(steps):
-        samples = step_samples(step, steps, tokens_per_step, resumed=resume is not None)
-        answer, gap, per_task = losses(model, samples)
+        samples = step_samples(step, steps, tokens_per_step, resumed=resume is not None,
+                               first_step=first_step)
+        answer, gap, per_task = losses(model, samples, repeat_penalty)
         loss = answer + consistency * gap
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -199,7 +237,7 @@ def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens
     model.save_pretrained(out)
     tasks.build_tokenizer().save_pretrained(out)
     report = {"base": base.name, "insert_layers": insert_layers, "steps": steps, "tokens_per_step": tokens_per_step,
-              "lr": lr, "consistency": consistency, "seed": seed, "train_seconds": round(train_seconds, 1),
+              "lr": lr, "consistency": consistency, "repeat_penalty": repeat_penalty, "seed": seed, "train_seconds": round(train_seconds, 1),
               "torch_threads": torch.get_num_threads(), "full_attention_greedy_accuracy": final, **profile,
               "history": history}
     if earlier:  # one report for the whole training: the first run's settings and history come along
@@ -207,6 +245,7 @@ def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens
                                                                           "query_cosine", "update_over_residual")}
         report["total_train_seconds"] = round(earlier.get("total_train_seconds", earlier["train_seconds"])
                                               + train_seconds, 1)
+        report["resumed_steps"] = first_step + steps
     (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
@@ -222,6 +261,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens-per-step", type=int, default=8192)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--consistency", type=float, default=1.0, help="weight of the layer-ahead query term")
+    parser.add_argument("--repeat-penalty", type=float, default=1.0,
+                        help="weight of the term against repeating a word a set answer already gave")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--resume", type=Path, default=None,
@@ -229,7 +270,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     report = train(args.out, base=args.base, insert_layers=args.insert_layers, steps=args.steps,
                    tokens_per_step=args.tokens_per_step, lr=args.lr, consistency=args.consistency, seed=args.seed,
-                   eval_every=args.eval_every, resume=args.resume)
+                   eval_every=args.eval_every, resume=args.resume, repeat_penalty=args.repeat_penalty)
     print(json.dumps({k: report[k] for k in ("full_attention_greedy_accuracy", "query_cosine", "train_seconds")}))
     return 0
 

@@ -193,7 +193,7 @@ def main(argv=None) -> int:
 
     tasks_ = args.tasks or list(tasks.TASKS)
     if args.quick:
-        args.contexts, args.fractions, args.samples, args.cosines, args.no_server = [2048], [8, 16], 16, [0.8], True
+        args.contexts, args.fractions, args.samples, args.cosines, args.no_server = [2048], [8, 16], 8, [0.8], True
     unknown = sorted(set(tasks_) - set(tasks.TASKS))
     if unknown or any(f < 1 for f in args.fractions) or any(not 0 <= c <= 1 for c in args.cosines):
         parser.error(f"tasks must be among {tasks.TASKS}, fractions >= 1, cosines in [0, 1]")

@@ -77,12 +77,16 @@ train-retrieval: $(STAMP)
 	$(PY) -P -m scout_sglang.retrieval.train --out scout_sglang/assets/needle-llama
 
 # Retrains the bundled suite model (8 layers, four long-context tasks) from the bundled
-# needle model: a first run, then two resumed runs (about 40 + 35 + 30 minutes on 2 CPU cores).
+# needle model: a first run, then five resumed runs, the fourth and fifth weighted to `values`
+# (about 40 + 35 + 30 + 7 + 38 + 20 minutes on 2 CPU cores).
+SUITE = $(PY) -P -m scout_sglang.retrieval.train_suite
 train-suite: $(STAMP)
-	$(PY) -P -m scout_sglang.retrieval.train_suite --out build/suite-stage1
-	$(PY) -P -m scout_sglang.retrieval.train_suite --resume build/suite-stage1 --steps 1500 --lr 7e-4 --out build/suite-stage2
-	$(PY) -P -m scout_sglang.retrieval.train_suite --resume build/suite-stage2 --steps 1200 --lr 5e-4 \
-		--out scout_sglang/assets/ruler-llama
+	$(SUITE) --out build/suite-stage1
+	$(SUITE) --resume build/suite-stage1 --steps 1500 --lr 7e-4 --out build/suite-stage2
+	$(SUITE) --resume build/suite-stage2 --steps 1200 --lr 5e-4 --out build/suite-stage3
+	$(SUITE) --resume build/suite-stage3 --mix values --steps 300 --lr 5e-4 --out build/suite-stage4
+	$(SUITE) --resume build/suite-stage4 --mix values --steps 1500 --lr 5e-4 --out build/suite-stage5
+	$(SUITE) --resume build/suite-stage5 --steps 800 --lr 3e-4 --out scout_sglang/assets/ruler-llama
 
 # lm-evaluation-harness in its own environment, for benchmarks/harness/ruler_lm_eval.py.
 harness-setup: .venv-harness/.installed

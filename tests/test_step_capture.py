@@ -3,11 +3,11 @@
 The CPU proxy of a captured graph: the engine's Triton path runs under Triton's interpreter, and a step's
 every launch, over every layer, the layer-ahead fronts and the CPU part's ring and wait included, is recorded
 once (launch_program.Recorder: what a capture records) over static input and output buffers, with a plan of
-padding rows only (as SGLang captures with a dummy batch). On a GPU the same test captures a real CUDA graph. Each later step writes its plan into the static plan
-buffer (begin_step, outside the graph) and its inputs into the static buffers, then replays the recorded
-launches, and nothing else: the outputs equal an eager engine's, and so do the step's counters. That holds only
-if the step allocates nothing, reads nothing back, branches on no data on the host and writes every
-per-step value into static buffers.
+padding rows only (as SGLang captures with a dummy batch); on a GPU the same test captures a real CUDA graph.
+Each later step writes its plan into the static plan buffer (begin_step, outside the graph) and its inputs into
+the static buffers, then replays the recorded launches, and nothing else: the outputs equal an eager engine's,
+and so do the step's counters. That holds only if the step allocates nothing, reads nothing back, branches on no
+data on the host and writes every per-step value into static buffers.
 """
 
 import pytest

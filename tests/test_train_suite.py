@@ -16,6 +16,15 @@ def test_a_resumed_run_goes_on_with_fresh_sequences_that_ask_every_question():
     assert asking and all(any(s.extra_supervised) for s in asking)
 
 
+def test_the_values_mix_gives_half_the_sequences_to_values_mostly_at_2048_tokens():
+    steps = [train_suite.step_samples(step, 100, 8192, resumed=True, resume_mix="values") for step in range(40)]
+    samples = [s for step in steps for s in step]
+    assert abs(sum(s.task == "values" for s in samples) / len(samples) - 0.5) < 0.1
+    assert {len(s.prompt) for s in samples} <= set(train_suite.VALUES_LENGTHS)
+    weak = [s for step in range(40) for s in train_suite.step_samples(step, 100, 8192, resumed=True)]
+    assert sum(s.task == "values" for s in weak) / len(weak) < 0.35
+
+
 def test_the_repeat_mask_holds_the_set_words_given_before_each_position():
     sample = tasks.make_batch("values", 1, 256, seed=4)[0]
     key, *found = sample.answer

@@ -4,9 +4,9 @@ It starts from the bundled needle model (3 layers that already match keys; a dee
 scratch here never forms that circuit), extends its vocabulary to the suite's, and grows it to eight layers
 with silent new layers (grow.py) at --insert-layers, so every old layer is preceded by a quiet one. Then all
 four tasks train together: 256 tokens first (weighted to the tasks that need new circuits), lengths ramping
-to 2048, and the last 30% of the steps at 2k-8k. `--resume` trains a saved model on at 512-4096 tokens, weighted
-to values, common and niah, on data the earlier runs did not see (`make train-suite` runs one first run and two
-resumed ones).
+to 2048, and the last 30% of the steps at 2k-8k. `--resume` trains a saved model on, on data the earlier runs
+did not see: `--mix weak` at 512-4096 tokens weighted to values, common and niah, `--mix values` with half the
+sequences `values`, mostly at 2048 (`make train-suite` runs one first run and five resumed ones).
 
 Every sequence asks all its questions (tasks.make_batch(all_questions=True): after the answer, every other key
 or chain of the same context), so a long context carries 3-8 answers instead of one; each task weighs the same
@@ -81,21 +81,25 @@ RESUME_SEED_OFFSET = 5_000_000  # a resumed run draws other sequences than the f
 EARLY_MIX = ("values", "common", "values", "common", "values", "common", "chain", "niah")  # the new circuits first
 RESUME_MIX = ("values", "common", "niah", "values", "common", "niah", "common", "chain")  # the weak ones of a first run
 RESUME_LENGTHS = (512, 1024, 1024, 2048, 2048, 4096)
+VALUES_MIX = ("values", "values", "common", "values", "niah", "values", "common", "chain")  # half the sequences
+VALUES_LENGTHS = (1024, 2048, 2048, 2048, 4096)  # mostly the length the bar is set at
+RESUME_MIXES = {"weak": (RESUME_MIX, RESUME_LENGTHS), "values": (VALUES_MIX, VALUES_LENGTHS)}
 
 
 def step_samples(step: int, steps: int, tokens_per_step: int, resumed: bool = False,
-                 first_step: int = 0) -> list[tasks.TaskSample]:
+                 first_step: int = 0, resume_mix: str = "weak") -> list[tasks.TaskSample]:
     """One step's sequences: the four tasks in turn (weighted to the slow learners during the short phase and
-    in a resumed run, whose lengths are RESUME_LENGTHS). first_step: the resumed steps run before this run (a
-    resumed run goes on where the last one's data ended, never repeating it)."""
+    in a resumed run, whose tasks and lengths are RESUME_MIXES[resume_mix]). first_step: the resumed steps run
+    before this run (a resumed run goes on where the last one's data ended, never repeating it)."""
     step_seed = TRAIN_SEED + (RESUME_SEED_OFFSET if resumed else 0) + first_step + step
     generator = torch.Generator().manual_seed(step_seed)
+    resumed_mix, resumed_lengths = RESUME_MIXES[resume_mix]
     if resumed:
-        length = RESUME_LENGTHS[int(torch.randint(len(RESUME_LENGTHS), (1,), generator=generator))]
+        length = resumed_lengths[int(torch.randint(len(resumed_lengths), (1,), generator=generator))]
     else:
         length = length_for(step, steps, generator)
     count = max(1, tokens_per_step // length)
-    mix = RESUME_MIX if resumed else EARLY_MIX if length == 256 else tasks.TASKS
+    mix = resumed_mix if resumed else EARLY_MIX if length == 256 else tasks.TASKS
     offset = int(torch.randint(len(mix), (1,), generator=generator))
     return [tasks.make_batch(mix[(offset + i) % len(mix)], 1, length, seed=step_seed * 64 + i,
                              all_questions=True)[0] for i in range(count)]
@@ -186,7 +190,7 @@ def residual_profile(model, length: int = 2048, count: int = 2) -> dict:
 
 def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens_per_step: int, lr: float,
           consistency: float, seed: int, eval_every: int, resume: Path | None = None,
-          repeat_penalty: float = 0.0) -> dict:
+          repeat_penalty: float = 0.0, resume_mix: str = "weak") -> dict:
     """Grow `base` and train it, or (resume) train a saved suite model on; save to `out` with the report."""
     from transformers import AutoModelForCausalLM
 
@@ -210,7 +214,7 @@ def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens
     model.train()
     for step in range(steps):
         samples = step_samples(step, steps, tokens_per_step, resumed=resume is not None,
-                               first_step=first_step)
+                               first_step=first_step, resume_mix=resume_mix)
         answer, gap, per_task = losses(model, samples, repeat_penalty)
         loss = answer + consistency * gap
         optimizer.zero_grad(set_to_none=True)
@@ -237,7 +241,8 @@ def train(out: Path, *, base: Path, insert_layers: list[int], steps: int, tokens
     model.save_pretrained(out)
     tasks.build_tokenizer().save_pretrained(out)
     report = {"base": base.name, "insert_layers": insert_layers, "steps": steps, "tokens_per_step": tokens_per_step,
-              "lr": lr, "consistency": consistency, "repeat_penalty": repeat_penalty, "seed": seed, "train_seconds": round(train_seconds, 1),
+              "lr": lr, "consistency": consistency, "repeat_penalty": repeat_penalty, "seed": seed,
+              **({"resume_mix": resume_mix} if resume else {}), "train_seconds": round(train_seconds, 1),
               "torch_threads": torch.get_num_threads(), "full_attention_greedy_accuracy": final, **profile,
               "history": history}
     if earlier:  # one report for the whole training: the first run's settings and history come along
@@ -266,11 +271,17 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--resume", type=Path, default=None,
-                        help="train this saved suite model on (lengths 512-2048, weighted to values and common)")
+                        help="train this saved suite model on, on sequences the earlier runs did not see")
+    parser.add_argument("--mix", choices=sorted(RESUME_MIXES), default="weak",
+                        help="a resumed run's tasks and lengths: weak (values, common, niah at 512-4096) or values "
+                             "(half values, mostly at 2048)")
     args = parser.parse_args(argv)
+    if args.mix != "weak" and args.resume is None:
+        parser.error("--mix applies to a resumed run (--resume)")
     report = train(args.out, base=args.base, insert_layers=args.insert_layers, steps=args.steps,
                    tokens_per_step=args.tokens_per_step, lr=args.lr, consistency=args.consistency, seed=args.seed,
-                   eval_every=args.eval_every, resume=args.resume, repeat_penalty=args.repeat_penalty)
+                   eval_every=args.eval_every, resume=args.resume, repeat_penalty=args.repeat_penalty,
+                   resume_mix=args.mix)
     print(json.dumps({k: report[k] for k in ("full_attention_greedy_accuracy", "query_cosine", "train_seconds")}))
     return 0
 

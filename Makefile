@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(PY) -P benchmarks/bench_kernels.py
 
 # The five modes on the long-context suite (ruler-llama), engine and server, with the prediction-noise
-# sweep -> benchmarks/results/accuracy.{json,md,png} (about an hour on 2 CPU cores).
+# sweep -> benchmarks/results/accuracy.{json,md,png} (about 20 minutes on 2 CPU cores).
 bench-accuracy: $(STAMP)
 	$(PY) -P benchmarks/bench_accuracy.py
 

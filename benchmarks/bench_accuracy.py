@@ -13,7 +13,7 @@ interval (normal approximation over per-sequence differences). Writes
 benchmarks/results/accuracy.{json,md,png}; the checks of the suite (does it separate the modes, is Scout
 within 1 point of Full at 1/8 and 3 at 1/16) are reported, not asserted.
 
-    python -P benchmarks/bench_accuracy.py            # full run (about an hour on 2 cores)
+    python -P benchmarks/bench_accuracy.py            # full run (about 20 minutes on 2 cores)
     python -P benchmarks/bench_accuracy.py --quick    # a few minutes: 2048 tokens, 1/8 and 1/16, JSON line last
 """
 
@@ -174,10 +174,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", nargs="+", default=None, help="default: all four")
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048])
     parser.add_argument("--fractions", type=int, nargs="+", default=[4, 8, 16, 32], help="budget = context / fraction")
-    parser.add_argument("--samples", type=int, default=100, help="held-out sequences per task and context")
+    parser.add_argument("--samples", type=int, default=64, help="held-out sequences per task and context")
     parser.add_argument("--cosines", type=float, nargs="+", default=[0.95, 0.9, 0.8, 0.6])
     parser.add_argument("--noise-fraction", type=int, default=16, help="the budget of the noise sweep")
-    parser.add_argument("--server-samples", type=int, default=48, help="sequences per task through the server")
+    parser.add_argument("--server-samples", type=int, default=16, help="sequences per task through the server")
     parser.add_argument("--no-server", action="store_true", help="skip the SGLang server path")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the bundled ruler-llama)")
     parser.add_argument("--out", type=Path, default=RESULTS)

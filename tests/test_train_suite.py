@@ -20,7 +20,7 @@ def test_the_values_mix_gives_half_the_sequences_to_values_mostly_at_2048_tokens
     steps = [train_suite.step_samples(step, 100, 8192, resumed=True, resume_mix="values") for step in range(40)]
     samples = [s for step in steps for s in step]
     assert abs(sum(s.task == "values" for s in samples) / len(samples) - 0.5) < 0.1
-    assert {len(s.prompt) for s in samples} <= set(train_suite.VALUES_LENGTHS)
+    assert {len(s.prompt) for s in samples} <= set(train_suite.RESUME_MIXES["values"][1])
     weak = [s for step in range(40) for s in train_suite.step_samples(step, 100, 8192, resumed=True)]
     assert sum(s.task == "values" for s in weak) / len(weak) < 0.35
 

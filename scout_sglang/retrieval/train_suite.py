@@ -79,11 +79,12 @@ def length_for(step: int, steps: int, generator: torch.Generator) -> int:
 
 RESUME_SEED_OFFSET = 5_000_000  # a resumed run draws other sequences than the first
 EARLY_MIX = ("values", "common", "values", "common", "values", "common", "chain", "niah")  # the new circuits first
-RESUME_MIX = ("values", "common", "niah", "values", "common", "niah", "common", "chain")  # the weak ones of a first run
-RESUME_LENGTHS = (512, 1024, 1024, 2048, 2048, 4096)
-VALUES_MIX = ("values", "values", "common", "values", "niah", "values", "common", "chain")  # half the sequences
-VALUES_LENGTHS = (1024, 2048, 2048, 2048, 4096)  # mostly the length the bar is set at
-RESUME_MIXES = {"weak": (RESUME_MIX, RESUME_LENGTHS), "values": (VALUES_MIX, VALUES_LENGTHS)}
+RESUME_MIXES = {  # a resumed run's (tasks in turn, lengths drawn from)
+    "weak": (("values", "common", "niah", "values", "common", "niah", "common", "chain"),  # a first run's weak ones
+             (512, 1024, 1024, 2048, 2048, 4096)),
+    "values": (("values", "values", "common", "values", "niah", "values", "common", "chain"),  # half the sequences
+               (1024, 2048, 2048, 2048, 4096)),  # mostly the length the bar is set at
+}
 
 
 def step_samples(step: int, steps: int, tokens_per_step: int, resumed: bool = False,
@@ -93,13 +94,13 @@ def step_samples(step: int, steps: int, tokens_per_step: int, resumed: bool = Fa
     before this run (a resumed run goes on where the last one's data ended, never repeating it)."""
     step_seed = TRAIN_SEED + (RESUME_SEED_OFFSET if resumed else 0) + first_step + step
     generator = torch.Generator().manual_seed(step_seed)
-    resumed_mix, resumed_lengths = RESUME_MIXES[resume_mix]
     if resumed:
-        length = resumed_lengths[int(torch.randint(len(resumed_lengths), (1,), generator=generator))]
+        mix, lengths = RESUME_MIXES[resume_mix]
+        length = lengths[int(torch.randint(len(lengths), (1,), generator=generator))]
     else:
         length = length_for(step, steps, generator)
+        mix = EARLY_MIX if length == 256 else tasks.TASKS
     count = max(1, tokens_per_step // length)
-    mix = resumed_mix if resumed else EARLY_MIX if length == 256 else tasks.TASKS
     offset = int(torch.randint(len(mix), (1,), generator=generator))
     return [tasks.make_batch(mix[(offset + i) % len(mix)], 1, length, seed=step_seed * 64 + i,
                              all_questions=True)[0] for i in range(count)]

@@ -53,7 +53,7 @@ CUDA_TESTS = ("tests/test_kernels_decode.py", "tests/test_kernels_merge.py", "te
               "tests/test_triton_kernels.py", "tests/test_stage_select.py", "tests/test_stage_split.py",
               "tests/test_stage_append.py", "tests/test_stage_recall.py", "tests/test_recall_brake.py", "tests/test_engine.py",
               "tests/test_engine_triton_path.py", "tests/test_step_capture.py", "tests/test_layer_programs.py",
-              "tests/test_cpu_part_workers.py", "tests/test_cpu_fallback.py")
+              "tests/test_cpu_part_workers.py", "tests/test_cpu_fallback.py", "tests/test_train_suite.py")
 
 
 def log(message: str) -> None:

@@ -2,6 +2,7 @@
 term against repeating a set answer's word, and the per-task weighting of the answer loss."""
 
 import torch
+from support import requires_cuda
 
 from scout_sglang.retrieval import tasks, train_suite
 
@@ -35,12 +36,7 @@ def test_the_repeat_mask_holds_the_set_words_given_before_each_position():
 
 
 def test_each_task_weighs_the_same_in_the_answer_loss_however_many_questions_it_asks():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tasks.VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
-    model = LlamaForCausalLM(config)
+    model = tiny_model()
     niah = tasks.make_batch("niah", 1, 200, seed=1, all_questions=True)  # 31 supervised tokens
     common = tasks.make_batch("common", 1, 200, seed=1, all_questions=True)  # 3
     both, *_ = train_suite.losses(model, niah + common)
@@ -49,3 +45,24 @@ def test_each_task_weighs_the_same_in_the_answer_loss_however_many_questions_it_
     with_penalty, *_ = train_suite.losses(model, tasks.make_batch("values", 2, 200, seed=1), repeat_penalty=1.0)
     without, *_ = train_suite.losses(model, tasks.make_batch("values", 2, 200, seed=1))
     assert with_penalty > without
+
+
+def tiny_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tasks.VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    return LlamaForCausalLM(config)
+
+
+@requires_cuda
+def test_a_step_on_the_gpu_gives_the_cpu_losses_and_accuracies():
+    """--device cuda: every tensor of the loss follows the model (the last runs of the shipped model trained so)."""
+    model, samples = tiny_model(), tasks.make_batch("values", 2, 200, seed=1, all_questions=True)
+    on_cpu = train_suite.losses(model, samples, repeat_penalty=1.0)
+    on_gpu = train_suite.losses(model.to("cuda"), samples, repeat_penalty=1.0)
+    for cpu, gpu in zip(on_cpu[:2], on_gpu[:2]):
+        torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-3, atol=1e-4)
+    assert on_gpu[2] == on_cpu[2]
+    assert train_suite.device_name("cuda") == torch.cuda.get_device_name() and train_suite.device_name("cpu") == "cpu"

@@ -77,8 +77,10 @@ train-retrieval: $(STAMP)
 	$(PY) -P -m scout_sglang.retrieval.train --out scout_sglang/assets/needle-llama
 
 # Retrains the bundled suite model (8 layers, four long-context tasks) from the bundled
-# needle model: a first run, then five resumed runs, the fourth and fifth weighted to `values`
-# (about 40 + 35 + 30 + 7 + 38 + 20 minutes on 2 CPU cores).
+# needle model: a first run, then eight resumed runs, those with --mix values weighted to `values`.
+# The first six take about 40 + 35 + 30 + 7 + 38 + 20 minutes on 2 CPU cores, the last three
+# about 100 more there; they ran on one H100 (train_suite trains on a GPU when torch sees one),
+# in 5.5 + 2 + 2.5 minutes with two or three runs sharing it.
 SUITE = $(PY) -P -m scout_sglang.retrieval.train_suite
 train-suite: $(STAMP)
 	$(SUITE) --out build/suite-stage1
@@ -86,7 +88,10 @@ train-suite: $(STAMP)
 	$(SUITE) --resume build/suite-stage2 --steps 1200 --lr 5e-4 --out build/suite-stage3
 	$(SUITE) --resume build/suite-stage3 --mix values --steps 300 --lr 5e-4 --out build/suite-stage4
 	$(SUITE) --resume build/suite-stage4 --mix values --steps 1500 --lr 5e-4 --out build/suite-stage5
-	$(SUITE) --resume build/suite-stage5 --steps 800 --lr 3e-4 --out scout_sglang/assets/ruler-llama
+	$(SUITE) --resume build/suite-stage5 --steps 800 --lr 3e-4 --out build/suite-stage6
+	$(SUITE) --resume build/suite-stage6 --mix values --steps 2050 --lr 3e-4 --out build/suite-stage7
+	$(SUITE) --resume build/suite-stage7 --steps 800 --lr 2e-4 --out build/suite-stage8
+	$(SUITE) --resume build/suite-stage8 --mix values --steps 1300 --lr 2e-4 --out scout_sglang/assets/ruler-llama
 
 # lm-evaluation-harness in its own environment, for benchmarks/harness/ruler_lm_eval.py.
 harness-setup: .venv-harness/.installed

@@ -22,12 +22,7 @@ def held_out(task, count, context=CONTEXT, seed=555):
     return tasks.make_batch(task, count, context, seed=seed + tasks.TASKS.index(task))
 
 
-VALUES_SHORT = pytest.mark.xfail(strict=True, reason="the committed ruler-llama answers `values` 30 times in 40 here "
-                                 "(docs/accuracy.md): it sometimes skips a value of the ascending order; a model "
-                                 "trained further must pass this")
-
-
-@pytest.mark.parametrize("task", [pytest.param(t, marks=VALUES_SHORT) if t == "values" else t for t in tasks.TASKS])
+@pytest.mark.parametrize("task", tasks.TASKS)
 def test_full_attention_answers_every_task_at_2048_tokens(model, task):
     samples = held_out(task, 40)
     correct = evaluate.engine_correct(model, samples, FULL, batch_size=20)

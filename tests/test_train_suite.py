@@ -7,6 +7,15 @@ from support import requires_cuda
 from scout_sglang.retrieval import tasks, train_suite
 
 
+def tiny_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tasks.VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    return LlamaForCausalLM(config)
+
+
 def test_a_resumed_run_goes_on_with_fresh_sequences_that_ask_every_question():
     first = train_suite.step_samples(3, 100, 4096, resumed=True)
     again = train_suite.step_samples(3, 100, 4096, resumed=True)
@@ -45,15 +54,6 @@ def test_each_task_weighs_the_same_in_the_answer_loss_however_many_questions_it_
     with_penalty, *_ = train_suite.losses(model, tasks.make_batch("values", 2, 200, seed=1), repeat_penalty=1.0)
     without, *_ = train_suite.losses(model, tasks.make_batch("values", 2, 200, seed=1))
     assert with_penalty > without
-
-
-def tiny_model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tasks.VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
-    return LlamaForCausalLM(config)
 
 
 @requires_cuda

@@ -6,16 +6,17 @@ blocks per sequence and KV head, in a host cache much larger than the last-level
 cache (4 GiB in full mode, backed by transparent huge pages where the OS allows:
 cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
 show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
-a large buffer, one chunk per thread), native with N groups of 1 thread and 1
-group of N threads, torch path with N groups, and native over 16 pages that stay in the CPU
-caches (its compute ceiling, which no prefetching can pass); the engine's hand-off ("embedded":
-doorbell words, the native worker pool, outputs) against the standalone kernel at batch 32 with 45% of a
-2048-token budget on the CPU; and four host store layouts read side by side with no compute
-(cpu_attention/layouts.py). Every figure is the best of
-several rounds, taken interleaved (the host is shared and noisy). No asserts. Progress goes to stderr; the last stdout line is one
-JSON object. Full mode (no --quick) writes benchmarks/results/cpu_attention.
-{md,json,png}, keeping the results of other CPU models (and ISA paths) in the
-same files: one entry per CPU model, this run replacing its own.
+a large buffer, one chunk per thread); the standalone kernel, native and torch path, called from N Python
+threads that each attend whole sequences (plan.measure.KernelThreads; the kernel releases the GIL), and native
+over 16 pages that stay in the CPU caches (its compute ceiling, which no prefetching can pass); the engine's
+hand-off ("embedded": doorbell words, the native worker pool, outputs) against the standalone kernel at batch 32
+with 45% of a 2048-token budget on the CPU; and four host store layouts read side by side with no compute
+(cpu_attention/layouts.py). Earlier runs also had "1 group of N threads" (one sequence split over the
+threads); that layout went with the submit/wait pool that had it, and how the serving worker splits a part over
+its threads is what the embedded column measures. Every figure is the best of several rounds, taken interleaved
+(the host is shared and noisy). No asserts. Progress goes to stderr; the last stdout line is one JSON object.
+Full mode (no --quick) writes benchmarks/results/cpu_attention.{md,json,png}, keeping the results of other CPU
+models (and ISA paths) in the same files: one entry per CPU model, this run replacing its own.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scout_sglang.cpu_worker import CpuAttentionPool
+from scout_sglang.cpu_worker.dispatch import make_kernel
 from scout_sglang.cpu_worker.host_memory import alloc_host_tensor, anon_huge_kib, thp_state
 from scout_sglang.cpu_worker.native_kernel import load_native
-from scout_sglang.plan.measure import read_bandwidth_gbs
+from scout_sglang.plan.measure import KernelThreads, read_bandwidth_gbs
 
 # `python -P` (and running from another directory) leaves the script's own directory off sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,7 +83,8 @@ def hardware() -> dict:
     )
 
 
-# -- memory read bandwidth: read_bandwidth_gbs, shared with the planner (scout_sglang.plan.measure) --
+# -- memory read bandwidth: read_bandwidth_gbs, and the standalone kernel's threads: KernelThreads, both shared
+# with the planner (scout_sglang.plan.measure) --
 
 
 # -- attention ------------------------------------------------------------------
@@ -166,7 +168,8 @@ class EmbeddedPool:
 
 
 def attention_gbs(pool, k_cache, v_cache, tables, q, out_o, out_lse) -> float:
-    """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order)."""
+    """GB/s of K+V bytes read over one pass of `tables` (one submit each, waited in order); `pool` is a
+    KernelThreads (the standalone kernel) or an EmbeddedPool (the engine's hand-off)."""
     d = SHAPE
     bytes_per_batch = int(tables[0][1].sum()) * BLOCK_BYTES  # the tables of one run list as many blocks
     start = time.perf_counter()
@@ -186,7 +189,7 @@ def block_read_gbs(executor: ThreadPoolExecutor, num_threads: int, k_cache, v_ca
                    block_bytes: int = BLOCK_BYTES) -> float:
     """GB/s of reading the K/V blocks of `tables` as the kernel walks them (same lists, order and prefetch) without
     computing anything: what the memory system gives this access pattern of random blocks. `num_threads` threads
-    split each batch by sequence, as N groups of one thread do, and each walks its share of every batch with no
+    split each batch by sequence, as the standalone kernel's threads do, and each walks its share of every batch with no
     wait between batches (a wait per batch cost 10-15% at two threads on a 2-core host: time the memory was idle,
     which a ceiling must not count). The heads walked are the tables' (a layout with K and V adjacent lists 2 x
     Hkv of them: cpu_attention/layouts.py)."""
@@ -235,16 +238,19 @@ def run(quick: bool) -> dict:
     log(f"store layouts, {layout_bytes >> 20} MiB each: {', '.join(store.layout.name for store in stores)}")
     bw_buf = torch.ones((1 if quick else 2) << 28, dtype=torch.float32)  # 1 / 2 GiB
 
-    configs = {"torch": lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="torch")}
+    # The standalone kernel: one set of N threads per path and thread count, shared by the configurations of
+    # that path (they run one after another).
+    standalone = {(impl, n): KernelThreads(make_kernel(impl), n)
+                  for impl in (("torch", "native") if native_ok else ("torch",)) for n in thread_counts}
+    configs = {"torch": lambda n: standalone[("torch", n)]}
     if native_ok:
-        configs["native"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
-        configs["native_one_group"] = lambda n: CpuAttentionPool(num_groups=1, threads_per_group=n, impl="native")
-        configs["native_hot"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+        configs["native"] = lambda n: standalone[("native", n)]
+        configs["native_hot"] = lambda n: standalone[("native", n)]
         # The engine's hand-off (descriptor, native pool, outputs) and the standalone kernel on the same lists.
-        configs["native_b32"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+        configs["native_b32"] = lambda n: standalone[("native", n)]
         configs["embedded"] = EmbeddedPool
         if small_pages is not None and pages["kind"] == "thp":
-            configs["native_4k_pages"] = lambda n: CpuAttentionPool(num_groups=n, threads_per_group=1, impl="native")
+            configs["native_4k_pages"] = lambda n: standalone[("native", n)]
     caches = {name: (k_cache, v_cache) for name in configs}
     if "native_4k_pages" in configs:
         caches["native_4k_pages"] = small_pages[:2]
@@ -280,8 +286,8 @@ def run(quick: bool) -> dict:
                     paired.setdefault((name, n), []).append(gbs / round_bw)
             log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k[0]}@{k[1]}={v:.1f}" for k, v in sorted(best.items())))
     finally:
-        for pool in pools.values():
-            pool.shutdown()
+        for pool in [*pools.values(), *standalone.values()]:
+            pool.shutdown()  # a shared KernelThreads is shut down more than once: idempotent
         for reader in readers.values():
             reader.shutdown()
 
@@ -293,7 +299,6 @@ def run(quick: bool) -> dict:
 
     read_bw = [round(max(best[("torch_sum", n)], best[("numpy_sum", n)]), 2) for n in thread_counts]
     native = series("native")
-    native_best = [max(a, b) if a is not None else None for a, b in zip(native, series("native_one_group"))]
     torch_path = series("torch")
     top = thread_counts[-1]
     result = dict(
@@ -308,14 +313,12 @@ def run(quick: bool) -> dict:
         read_bw_torch_sum_gbs_per_threads=series("torch_sum"),
         read_bw_numpy_sum_gbs_per_threads=series("numpy_sum"),
         native_gbs_per_threads=native,
-        native_one_group_gbs_per_threads=series("native_one_group"),
-        native_best_layout_gbs_per_threads=native_best,
         torch_gbs_per_threads=torch_path,
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
         # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
         native_hot_gbs_per_threads=series("native_hot"),
-        # The engine's hand-off (doorbell words, native pool, outputs) against the standalone kernel (N groups
-        # of 1 thread) on the same lists: batch 32, 45% of a 2048-token budget per list.
+        # The engine's hand-off (doorbell words, native pool, outputs) against the standalone kernel (N threads
+        # attending whole sequences) on the same lists: batch 32, 45% of a 2048-token budget per list.
         embedded_shape=EMBEDDED_SHAPE,
         embedded_gbs_per_threads=series("embedded"),
         native_b32_gbs_per_threads=series("native_b32"),
@@ -341,7 +344,6 @@ def run(quick: bool) -> dict:
         # Median over rounds of native / read bandwidth measured seconds before it
         # (the host's bandwidth drifts between rounds; this pairs like with like).
         native_frac_of_bw_paired_median_per_threads=paired_median("native"),
-        native_one_group_frac_of_bw_paired_median_per_threads=paired_median("native_one_group"),
         native_vs_torch_per_threads=[round(a / b, 2) if a else None for a, b in zip(native, torch_path)],
         shape=SHAPE,
         dtype="bfloat16",
@@ -391,7 +393,7 @@ def run_rows(result: dict) -> list[str]:
             f"| {hw['model']} | {hw['native_isa']} / {path} | {page_text} "
             f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
             f"| {block_read[i] or '-'} "
-            f"| {result['native_gbs_per_threads'][i]} | {result['native_one_group_gbs_per_threads'][i]} "
+            f"| {result['native_gbs_per_threads'][i]} "
             f"| {small[i] if small else '-'} | {hot[i] if hot else '-'} | {result['torch_gbs_per_threads'][i]} "
             f"| {result['native_frac_of_bw_per_threads'][i]} "
             f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {of_block_read[i] or '-'} "
@@ -408,9 +410,9 @@ def embedded_and_layout_text(result: dict) -> str:
         shape = result["embedded_shape"]
         text += ["## The engine's hand-off (embedded) against the standalone kernel", "",
                  f"Batch {shape['batch_size']}, {shape['blocks_per_head']} blocks per list (45% of a 2048-token "
-                 "budget on the CPU), Qwen3-8B's heads. Standalone: the kernel called from N threads of a "
-                 "worker group each. Embedded: what the engine runs, the layer's doorbell rung in its control "
-                 "words, the native worker pool's C++ threads, DONE waited for. Target: embedded at least 0.8 "
+                 "budget on the CPU), Qwen3-8B's heads. Standalone: the kernel called from N Python threads, "
+                 "each attending whole sequences. Embedded: what the engine runs, the layer's doorbell rung in its "
+                 "control words, the native worker pool's C++ threads, DONE waited for. Target: embedded at least 0.8 "
                  "of standalone at every thread count.", "",
                  "| threads | read bw GB/s | standalone GB/s | embedded GB/s | embedded / standalone |",
                  "|---:|---:|---:|---:|---:|"]
@@ -445,10 +447,10 @@ def write_results(result: dict) -> None:
     d = result["shape"]
     rows = [
         "| CPU model | ISA / bf16 path | huge pages (THP mode: kind) | host cache GiB | threads | read bw GB/s "
-        "| the random blocks read, no compute GB/s | native GB/s (N groups x 1) | native GB/s (1 group x N) | native, 4 KiB pages "
+        "| the random blocks read, no compute GB/s | native GB/s | native, 4 KiB pages "
         "| native, K/V in cache (compute ceiling) | torch path GB/s "
         "| native / read bw | same, paired per round (median) | native / blocks read | native / torch |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in sorted(runs):
         rows += run_rows(runs[model])
@@ -467,7 +469,12 @@ numbers of different hosts were taken on different days and loads.
 {hosts}
 - Workload: Hq {d["num_qo_heads"]}, Hkv {d["num_kv_heads"]}, D {d["head_dim"]}, bf16, block {d["block_size"]}, batch {d["batch_size"]},
   {d["blocks_per_head"]} random blocks per sequence and KV head, random page ids in the host cache.
-- GB/s = K+V bytes read / wall time, two submits in flight. Read bandwidth = best of a torch and a numpy
+- native and torch path: the kernel alone, called from N Python threads that each attend whole sequences
+  taken from one queue (the kernel releases the GIL). The "1 group x N threads" column of earlier runs (one
+  sequence split across the threads; its numbers stay in cpu_attention.json) went with the submit/wait pool
+  that had that layout; how the serving worker splits a part across its threads is the native worker pool's,
+  measured in the hand-off table below.
+- GB/s = K+V bytes read / wall time, two batches in flight. Read bandwidth = best of a torch and a numpy
   sum over a 2 GiB fp32 buffer, one chunk per thread. Best of the interleaved rounds (the hosts are shared).
 - bf16 path: amx (AMX tiles), bf16dot (AVX512_BF16), bf16split (fp32 FMA on bf16 rows widened in registers:
   AVX2, AVX-512F without BF16), fp32 (rows converted to fp32). Huge pages: the transparent huge page mode,
@@ -500,9 +507,8 @@ The plot shows the latest run ({hw["model"]}).
     threads = result["threads_list"]
     fig, ax = plt.subplots(figsize=(7, 5))
     ax.plot(threads, result["read_bw_gbs_per_threads"], "k--", marker="o", label="memory read bandwidth")
-    ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N groups x 1 thread)")
-    ax.plot(threads, result["native_one_group_gbs_per_threads"], marker="s", label="native (1 group x N threads)")
-    ax.plot(threads, result["torch_gbs_per_threads"], marker="^", label="torch path (N groups)")
+    ax.plot(threads, result["native_gbs_per_threads"], marker="o", label="native (N threads, whole sequences)")
+    ax.plot(threads, result["torch_gbs_per_threads"], marker="^", label="torch path (N threads)")
     if result.get("native_hot_gbs_per_threads"):
         ax.plot(threads, result["native_hot_gbs_per_threads"], ":", marker="D",
                 label="native, K/V in cache (compute ceiling)")

@@ -1,11 +1,13 @@
 """Host figures measured on this machine (--measure): memory read bandwidth, the CPU attention's K/V
 throughput, and the host cost of dispatching one op.
 
-The read-bandwidth measurement is the one benchmarks/bench_cpu_attention.py
-reports (it imports it from here). The CPU attention figure runs the engine's
-own CPU worker pool on a Qwen3-8B-like workload (Hkv 8, D 128, block 32, bf16)
-in a host cache larger than the last-level cache, briefly: a planning figure,
-not a benchmark (that one is bench_cpu_attention.py).
+The read-bandwidth measurement and the standalone kernel's threads
+(KernelThreads) are the ones benchmarks/bench_cpu_attention.py reports (it
+imports them from here). The CPU attention figure runs the CPU part's kernel
+(native, or the torch path where it does not build) from one thread per core on
+a Qwen3-8B-like workload (Hkv 8, D 128, block 32, bf16) in a host cache larger
+than the last-level cache, briefly: a planning figure, not a benchmark (that one
+is bench_cpu_attention.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import statistics
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from scout_sglang.plan.figures import Figure
 
@@ -55,14 +58,64 @@ def measure_read_bandwidth(*, gib: float = 0.5, rounds: int = 3, num_threads: in
     return Figure(round(best, 2), "GB/s", "measured", f"{threads} threads summing {gib:g} GiB, best of {rounds}")
 
 
-def measure_cpu_attention(*, num_pages: int = 2048, rounds: int = 3, num_groups: int = 0) -> Figure:
-    """GB/s of K+V the CPU worker pool reads for decode attention over random blocks of a host cache of
-    `num_pages` blocks (2048: 256 MiB of K+V)."""
+class KernelThreads:
+    """The CPU part's kernel measured on its own: `threads` Python threads that each attend whole sequences,
+    taken first come first served from one queue (one thread per sequence at a time; "N groups of 1 thread" in
+    earlier results). The kernel releases the GIL (the native one for its whole call, the torch path inside its
+    ops), so the threads attend in parallel; the torch path also needs torch's intra-op threads at 1, which the
+    caller sets (these threads are the parallelism). Not the engine's worker (cpu_worker/native_pool.py, driven
+    by the doorbell words): the kernel alone, which that worker's numbers are compared with.
+
+    Parameters
+    ----------
+    kernel : cpu_worker NativeKernel or TorchKernel (cpu_worker.dispatch.make_kernel)
+    threads : int, >= 1
+    """
+
+    def __init__(self, kernel, threads: int):
+        self.kernel = kernel
+        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="scout-cpu-kernel")
+
+    def submit(self, q, k_cache, v_cache, block_table, counts, *, scale: float, out_o, out_lse) -> list[Future]:
+        """Queue one task per sequence and return at once; wait() on the result.
+
+        q [B, Hq, D]; k_cache, v_cache [P, Hkv, S, D] (dtype of q); block_table [B, Hkv, C] int32; counts
+        [B, Hkv] int32; out_o [B, Hq, D] fp32 or dtype of q; out_lse [B, Hq] fp32 (natural log); all on the CPU.
+        Nothing is validated (the measurements build their inputs), and the tensors must live until wait()
+        returns.
+        """
+        return [self._executor.submit(self._attend, q, k_cache, v_cache, block_table, counts, b, scale, out_o,
+                                      out_lse) for b in range(q.shape[0])]
+
+    @staticmethod
+    def wait(tasks: list[Future]) -> None:
+        """Block until every task of one submit is done; re-raise the first error."""
+        for task in tasks:
+            task.result()
+
+    def shutdown(self) -> None:
+        """Finish queued tasks, then join the threads (idempotent)."""
+        self._executor.shutdown(wait=True)
+
+    def _attend(self, q, k_cache, v_cache, block_table, counts, batch_index: int, scale: float, out_o,
+                out_lse) -> None:
+        if not hasattr(self._local, "scratch"):  # per thread, made once (None for the native kernel)
+            self._local.scratch = self.kernel.new_scratch()
+        self.kernel.decode(q, k_cache, v_cache, block_table, counts, batch_index=batch_index, out_o=out_o,
+                           out_lse=out_lse, out_index=batch_index, scale=scale, head_begin=0,
+                           head_end=k_cache.shape[1], split_index=0, num_splits=1, scratch=self._local.scratch)
+
+
+def measure_cpu_attention(*, num_pages: int = 2048, rounds: int = 3, num_threads: int = 0) -> Figure:
+    """GB/s of K+V the CPU part's kernel reads for decode attention over random blocks of a host cache of
+    `num_pages` blocks (2048: 256 MiB of K+V), from `num_threads` threads (0: one per usable CPU) each attending
+    whole sequences (KernelThreads)."""
     import torch
 
-    from scout_sglang.cpu_worker import CpuAttentionPool
+    from scout_sglang.cpu_worker.dispatch import make_kernel, select_impl
 
-    groups = num_groups or len(os.sched_getaffinity(0))
+    threads = num_threads or len(os.sched_getaffinity(0))
     gen = torch.Generator().manual_seed(0)
     shape = (num_pages, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)  # [P, Hkv, S, D] HND pages
     k_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
@@ -75,22 +128,26 @@ def measure_cpu_attention(*, num_pages: int = 2048, rounds: int = 3, num_groups:
               for _ in range(4)]  # [B, Hkv, K] distinct pages per head
     counts = torch.full((BATCH_SIZE, NUM_KV_HEADS), BLOCKS_PER_HEAD, dtype=torch.int32)  # [B, Hkv]
     nbytes = 2 * BATCH_SIZE * NUM_KV_HEADS * BLOCKS_PER_HEAD * BLOCK_SIZE * HEAD_DIM * 2  # K and V, bf16
-    pool = CpuAttentionPool(num_groups=groups, threads_per_group=1)
+    impl = select_impl("auto")
+    runner = KernelThreads(make_kernel(impl), threads)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the torch path's ops must not fan out: the runner's threads are the parallelism
     best = 0.0
     try:
         for attempt in range(rounds + 1):  # the first pass warms up (scratch buffers, page faults)
             start = time.perf_counter()
             for table in tables:
-                pool.wait(pool.submit(q, k_cache, v_cache, table, counts, scale=HEAD_DIM**-0.5, out_o=out_o,
-                                      out_lse=out_lse))
+                runner.wait(runner.submit(q, k_cache, v_cache, table, counts, scale=HEAD_DIM**-0.5, out_o=out_o,
+                                          out_lse=out_lse))
             if attempt:
                 best = max(best, nbytes * len(tables) / (time.perf_counter() - start) / 1e9)
-        impl = getattr(pool, "impl", "auto")
     finally:
-        pool.shutdown()
+        runner.shutdown()
+        torch.set_num_threads(torch_threads)
     return Figure(round(best, 2), "GB/s", "measured",
-                  f"CPU worker pool ({impl}), {groups} groups, batch {BATCH_SIZE} x {NUM_KV_HEADS} KV heads x "
-                  f"{BLOCKS_PER_HEAD} random blocks of {BLOCK_SIZE}, bf16, best of {rounds}")
+                  f"CPU attention kernel ({impl}), {threads} threads each attending whole sequences, batch "
+                  f"{BATCH_SIZE} x {NUM_KV_HEADS} KV heads x {BLOCKS_PER_HEAD} random blocks of {BLOCK_SIZE}, bf16, "
+                  f"best of {rounds}")
 
 
 def measure_dispatch_us(*, ops: int = 20000) -> Figure:

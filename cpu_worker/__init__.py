@@ -2,30 +2,20 @@
 
 digest -> select -> device part / CPU part (this package) -> merge. Module map:
 
-    pool.py          CpuAttentionPool (submit / wait / shutdown), CpuAttentionHandle
-    group.py         one thread group: a leader and helpers sharing a sequence
-    partition.py     work split within a group, LSE merge of split results
-    checks.py        submit-time argument validation
-    dispatch.py      select_impl: native kernel or torch path, logged once
-    native_kernel.py build/load the C++ kernel (native/scout_cpu_attention.cpp)
-    torch_kernel.py  gather + torch flash attention fallback
-    buffers.py       alloc_output_buffers (pinned when CUDA is present)
-    errors.py        CpuAttentionError
+    native_pool.py   NativeWorkerPool: C++ threads driven by the doorbell words (native/worker_pool.h), what serves
+    flag_worker.py   FlagWorker: the same protocol in Python threads, its reference and the fallback; LayerPart
+    native_kernel.py build/load the C++ kernel (native/scout_cpu_attention.cpp); NativeKernel, its host wrapper
+    torch_kernel.py  gather + torch flash attention, where the native kernel does not build
+    dispatch.py      select_impl: native kernel or torch path, logged once; make_kernel
+    checks.py        range checks of a part's block lists (FlagWorker's, before the kernel reads them)
     faults.py        FaultPlan: test-only faults injected into the worker threads
     cpu_sets.py      CPU lists, the host's core topology, one rank's share of the CPUs
+    core_plan.py     one rank's CPUs split between the worker and the host thread
+    host_memory.py   the host K/V store on transparent huge pages
 
 Importing this package starts no threads and compiles nothing.
 """
 
-from scout_sglang.cpu_worker.buffers import alloc_output_buffers
 from scout_sglang.cpu_worker.dispatch import select_impl
-from scout_sglang.cpu_worker.errors import CpuAttentionError
-from scout_sglang.cpu_worker.pool import CpuAttentionHandle, CpuAttentionPool
 
-__all__ = [
-    "CpuAttentionError",
-    "CpuAttentionHandle",
-    "CpuAttentionPool",
-    "alloc_output_buffers",
-    "select_impl",
-]
+__all__ = ["select_impl"]

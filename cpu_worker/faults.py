@@ -4,9 +4,10 @@ The CPU part of co-attention must never cost a token or the server: a task
 that raises or comes late is computed by the layer itself (core/cpu_handoff.py).
 To test that against the real threads, a FaultPlan (from SCOUT_TEST_FAULTS, read
 in scout_sglang/env.py, refused outside a test run) makes a worker raise or
-sleep before a queue entry's work: one part of a submit_batch, or one task of a
-submit; or end its own thread there, as an error escaping a worker's loop would
-(the pool replaces the thread at its next submit). A failure that concerns one request must cost only that request: the
+sleep before a job's work (one layer's rung part: flag_worker.py draws in
+Python, native/worker_pool.h draws the same plan in C++); or end its own thread
+there, as an error escaping a worker's loop would (the next kick() replaces the
+thread). A failure that concerns one request must cost only that request: the
 plan's request_state names requests (by a part of their id) whose engine state
 the SGLang backend drops during their decode (sglang_adapter/request_failures.py).
 Off (None) by default; nothing here runs in production.
@@ -35,15 +36,15 @@ class InjectedThreadExit(BaseException):
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """What to inject, per queue entry a worker takes.
+    """What to inject, per job a worker starts (one rung layer part).
 
-    raise_probability : cpu_raise, chance that the entry raises InjectedFault
-    delay_probability : cpu_delay, chance that the entry first sleeps delay_ms (default 1 when
-        cpu_delay_ms is given: every entry)
+    raise_probability : cpu_raise, chance that the job raises InjectedFault
+    delay_probability : cpu_delay, chance that the job first sleeps delay_ms (default 1 when
+        cpu_delay_ms is given: every job)
     delay_ms : cpu_delay_ms, the sleep
-    thread_exits : cpu_thread_exits, how many queue entries (the pool's first ones) end the thread that
+    thread_exits : cpu_thread_exits, how many jobs (the worker's first ones) end the thread that
         takes them, their work undone
-    seed : the draws' seed (one generator per pool, shared by its threads)
+    seed : the draws' seed (one generator per worker, shared by its threads)
     request_state : request_state, a part of request ids: each request whose id contains it loses its
         engine state once, in its decode (None: no request does)
     """

@@ -123,7 +123,8 @@ def load_native() -> NativeBuild:
 
 
 class NativeKernel:
-    """Host wrapper of the native kernel; arguments are validated by the pool.
+    """Host wrapper of the native kernel; it validates nothing: its callers build or check the inputs
+    (FlagWorker checks each row's block lists, checks.py; the measurements of plan/measure.py build their own).
 
     `decode` attends sequence `batch_index` over KV heads [head_begin,
     head_end), taking split `split_index` of `num_splits` of each head's block

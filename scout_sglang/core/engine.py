@@ -218,9 +218,12 @@ class CoAttentionEngine:
         return FlagWorker(threads=threads, impl=impl, cpus=cpus, pin=pin, faults=faults)
 
     def close(self) -> None:
+        """Stop the CPU worker this engine made and unregister its page-locked host store (idempotent): close()
+        leaves no CUDA registration behind; the store's memory goes with the engine."""
         if self._own_worker and self.cpu_worker is not None:
             self.cpu_worker.shutdown()
             self.cpu_worker = None
+        self.offloaded.close()
 
     # -- requests ------------------------------------------------------------
     def add_request(self, rid: int) -> None:
@@ -344,6 +347,12 @@ class CoAttentionEngine:
             "host_bytes_shared": getattr(off.host_pages, "num_shared", 0) * host_page,
             "host_page_bytes": host_page,
         }
+
+    def host_store_pages(self, max_age_s: float = 30.0) -> dict:
+        """Which pages the host store got (host_memory.page_report): its page kind and the share of its bytes on
+        2 MiB pages, measured from /proc/self/smaps at most every `max_age_s` seconds (a read walks every mapping
+        of the process). A borrowed store (the arrival pool) is described too."""
+        return self.offloaded.host_pages_survey.report(max_age_s)
 
     # -- prefill (host work per chunk, outside the decode step) ------------------
     def prefill(self, rid: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -49,7 +49,7 @@ from scout_sglang import kernels
 from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry
-from scout_sglang.cpu_worker.host_memory import alloc_store_tensor
+from scout_sglang.cpu_worker.host_memory import PageSurvey, alloc_store_tensor, buffers_of
 from scout_sglang.kernels.recall_brake import NO_RUN, new_runs, new_state
 from scout_sglang.layout import PAD_BLOCK
 
@@ -292,10 +292,13 @@ class OffloadedStore:
         if borrowed is None:
             self.host_scratch_page = num_host_pages
             host_shape = (num_host_pages + 1, num_kv_heads, block_size, head_dim)
-            pin = torch.device(device).type == "cuda"  # page-locked so copies to the GPU are async
-            # Transparent huge pages where the OS allows (fewer TLB misses on a store of many GiB), logged once.
-            self.host_k = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
-            self.host_v = {layer: alloc_store_tensor(host_shape, dtype, pin=pin) for layer in self.layers}
+            # On 2 MiB pages where the OS allows (fewer TLB misses on a store of many GiB); on CUDA page-locked in
+            # place, so copies to the GPU are async and its kernels read it (host_memory.py). Logged once.
+            allocated = {(name, layer): alloc_store_tensor(host_shape, dtype, device=device)
+                         for name in ("k", "v") for layer in self.layers}
+            self.host_k = {layer: allocated["k", layer][0] for layer in self.layers}
+            self.host_v = {layer: allocated["v", layer][0] for layer in self.layers}
+            self.host_buffers = [buffer for _, buffer in allocated.values()]
             self.host_tables = AssignedPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages",
                                                  scratch_page=num_host_pages) if assigned_pages else \
                 SlotPageTable(num_host_pages, max_requests, max_blocks, name="host KV pages")
@@ -309,6 +312,8 @@ class OffloadedStore:
                 raise ValueError(f"the borrowed host store has {num_borrowed} pages, more than the {num_host_pages} "
                                  "(and a scratch page) this engine was sized for (total_pages)")
             self.host_tables = AssignedPageTable(num_borrowed, max_requests, max_blocks, name="borrowed host KV pages")
+            self.host_buffers = buffers_of([*self.host_k.values(), *self.host_v.values()], device)
+        self.host_pages_survey = PageSurvey(self.host_buffers)
         digest_shape = (num_host_pages + 1, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
@@ -429,6 +434,15 @@ class OffloadedStore:
         """Host bytes this store allocated (none when borrowed)."""
         return 0 if self.borrowed else sum(t.numel() * t.element_size()
                                            for store in (self.host_k, self.host_v) for t in store.values())
+
+    def close(self) -> None:
+        """Unregister the page-locked host store this store allocated (its memory stays until the store is
+        dropped): after the device's queued copies, which may still read it. Nothing calls CUDA on a CPU device."""
+        own = [] if self.borrowed else [buffer for buffer in self.host_buffers if buffer.registered]
+        if own and torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for buffer in own:
+            buffer.unregister()
 
     def block_bytes_per_head(self, layer: int) -> int:
         k = self.host_k[layer]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-GIB = 2**30
+from scout_sglang.cpu_worker.host_memory import register_page_locked
 
 
 def shares_arrival_pool(page_size: int, block_size: int) -> bool:
@@ -34,29 +34,17 @@ def shares_arrival_pool(page_size: int, block_size: int) -> bool:
 
 def borrowed_host_store(pool, layers, block_size: int, device):
     """The arrival pool's pages of `layers` as a BorrowedHostStore. On CUDA the pool's memory is page-locked in
-    place (cudaHostRegister), so recall copies read it on the stream as they read the engine's own store."""
+    place, so recall copies read it on the stream as they read the engine's own store: kv_pool.host_pool_like
+    allocated it page-locked already (host_memory.alloc_host_buffer); anything not yet registered is registered
+    here by the same code (host_memory.register_page_locked), and unregistered when freed."""
     from scout_sglang.core.stores import BorrowedHostStore
 
     heads, dim = pool.head_num, pool.head_dim
     k = {layer: pool.get_key_buffer(layer).view(-1, heads, block_size, dim) for layer in layers}
     v = {layer: pool.get_value_buffer(layer).view(-1, heads, block_size, dim) for layer in layers}
     if torch.device(device).type == "cuda":
-        register_page_locked([*k.values(), *v.values()])
+        register_page_locked([*k.values(), *v.values()], what="the arrival pool")
     return BorrowedHostStore(k, v, scratch_page=0)
-
-
-def register_page_locked(tensors) -> None:
-    """Page-lock the host memory under `tensors` in place, each allocation once (CUDA only)."""
-    done = set()
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() in done or tensor.is_pinned():
-            continue
-        done.add(storage.data_ptr())
-        error = torch.cuda.cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 0)
-        if int(error) != 0:
-            raise RuntimeError(f"cudaHostRegister of the arrival pool's {storage.nbytes() / GIB:.1f} GiB failed "
-                               f"(error {int(error)}): the engine cannot read it on the GPU's stream")
 
 
 def block_pages(slots: torch.Tensor, size: int, rid: int) -> list[int]:

@@ -225,7 +225,8 @@ def configure_around(original, configurator, *args, **kwargs):
     arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # where K/V lands (the engine's store if shared)
     check_engine_memory(plan, configurator.device, logical, arrival_bytes, place)
     if layout == "arrival":
-        pool = host_pool_like(pool, logical)
+        # When its pages are the engine's store, on a GPU it is page-locked as it is allocated (host_pool_like).
+        pool = host_pool_like(pool, logical, configurator.device if shared else "cpu")
     setattr(pool, LAYOUT_ATTRIBUTE, layout)
     allocator = allocator_over(logical, page_size, configurator.kv_cache_dtype, configurator.device, pool,
                                getattr(result.token_to_kv_pool_allocator, "need_sort", False))
@@ -255,15 +256,16 @@ def arrival_text(layout: str, shared: bool) -> str:
     return " in the arrival pool's pages: one copy" if shared else ", and the arrival pool: two copies"
 
 
-def host_pool_like(pool, size: int):
+def host_pool_like(pool, size: int, device="cpu"):
     """An MHA pool of `size` tokens in host memory, shaped like `pool` (transfer engines register its buffers).
-    Its buffers are on transparent huge pages where the OS allows, as the engine's own host store is: with
-    pages of one block the engine reads its blocks there (arrival_pages.py)."""
+    Its buffers come from the engine's host store allocator (host_memory.alloc_host_buffer): on transparent huge
+    pages where the OS allows, and, for a CUDA `device` (the pool is then the engine's store: arrival_pages.py),
+    pre-faulted and page-locked in place, each falling back to torch's page-locked allocator if that fails."""
     from scout_sglang.cpu_worker.host_memory import zeros_on_huge_pages
 
     # SGLang's constructor allocates the buffers with torch.zeros and derives its copy kernels' pointers from them,
-    # so they are given huge pages as they are made: replaced afterwards, those pointers would be stale.
-    with zeros_on_huge_pages("arrival pool"):
+    # so they are given their pages as they are made: replaced afterwards, those pointers would be stale.
+    with zeros_on_huge_pages("arrival pool", device):
         return type(pool)(size=size, page_size=pool.page_size, dtype=pool.dtype, head_num=pool.head_num,
                           head_dim=pool.head_dim, layer_num=pool.layer_num, device="cpu", enable_memory_saver=False,
                           v_head_dim=pool.v_head_dim, start_layer=pool.start_layer, end_layer=pool.end_layer,

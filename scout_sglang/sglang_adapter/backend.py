@@ -378,6 +378,7 @@ class ScoutAttnBackend:
         report["request_failures"] = dict(self.failures.counts)
         report["cpu_worker"] = self.engine.cpu_worker_state()
         report["cores"] = self.cores.as_report()
+        report["host_store_pages"] = self.engine.host_store_pages()  # page kind, share on 2 MiB pages (<= 30 s old)
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size, self._pool_pages_used())
         return report

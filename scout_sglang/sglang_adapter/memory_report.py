@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from scout_sglang.core.engine import CPU_MODES, RESIDENT_MODES
 from scout_sglang.core.stores import ceil_div
+from scout_sglang.cpu_worker.host_memory import page_text
 
 MIB = 2**20
 GIB = 2**30
@@ -145,7 +146,15 @@ def startup_message(engine, layout: str, logical_tokens: int, context: int, sgla
             f"{size_text(parts['digest_bytes_allocated'])} digests, "
             f"{size_text(parts['window_and_resident_bytes_allocated'])} windows and resident buffers, "
             f"{size_text(sglang_pool['device'])} SGLang's pool; full attention: {size_text(full)}); host K/V: "
-            f"{size_text(memory['host_bytes_allocated'] + sglang_pool['host'])}")
+            f"{size_text(memory['host_bytes_allocated'] + sglang_pool['host'])}{host_pages_text(engine)}")
+
+
+def host_pages_text(engine) -> str:
+    """The host store's page kind and share on 2 MiB pages, for the start-up message (measured now)."""
+    pages = engine.host_store_pages(max_age_s=0.0)
+    if not pages["bytes"]:
+        return ""
+    return f"; host store pages: {page_text(pages)} (transparent huge pages: {pages['thp']})"
 
 
 def usage(engine, layout: str, pool, slots: int | None = None, pool_pages_used: int | None = None) -> dict:

@@ -31,6 +31,8 @@ GAUGES = {
                                     ("memory", "host_bytes_private")),
     "scout_host_kv_cached_bytes": ("host bytes of K/V blocks only the radix cache holds (evictable)",
                                    ("memory", "host_bytes_cached")),
+    "scout_host_kv_huge_page_share": ("share of the host store's bytes on 2 MiB pages (smaps, at most 30 s old)",
+                                      ("host_store_pages", "huge_page_share")),
     "scout_prefix_hits": ("requests admitted with a cached prefix since start-up", ("prefix", "hits")),
     "scout_prefill_tokens_saved": ("prompt tokens not prefilled thanks to a cached prefix since start-up",
                                    ("prefix", "prefill_tokens_saved")),

@@ -35,9 +35,13 @@ The modes of one shape (and the ablation's configurations) run interleaved,
 one step of each in turn, so the background load of a shared machine falls on
 all of them alike; one after the other only when their KV would not fit in
 memory together (the report says which). One warm-up step (more for the
-ablation), then the median of the timed steps. On the CPU "device" the cores
-are split: torch ops get `--device-threads` (half the cores), the CPU worker
-the rest.
+ablation), then the median of the timed steps. The cores follow the engine's
+core plan (cpu_worker/core_plan.py, printed and in the report): on the CPU
+"device" torch ops and the host thread get `--device-threads` CPUs (half), the
+CPU worker one pinned thread per physical core of the rest. After each timed
+step, 5 ms later, the worker's threads are sampled: none may still be runnable
+(they park once a step's parts are done); the worker's CPU time over its attend
+time says what spinning costs.
 Recall study (decode_step/recall_study.py; --only-recall runs it alone): scout
 on the heavy-hitter workload (Zipf-like block importance over drifting topics,
 --drift, a slow prediction error at --target-cosine) and on the flat one above,
@@ -64,12 +68,13 @@ from pathlib import Path
 import torch
 
 from scout_sglang.config import ScoutConfig
+from scout_sglang.cpu_worker.cpu_sets import cpu_list_text
 
 # `python -P` (and running from another directory) leaves the script's own directory off sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_step.common import MODES, log, parse_ints  # noqa: E402
-from decode_step.cpu_watch import WatchedWorker, make_worker  # noqa: E402
+from decode_step.cpu_watch import WatchedWorker, bench_cores, make_worker  # noqa: E402
 from decode_step.hardware import hardware  # noqa: E402
 from decode_step.plot import write_plot  # noqa: E402
 from decode_step.recall_report import write_recall_markdown, write_recall_plot  # noqa: E402
@@ -104,9 +109,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ablation-warmup", type=int, default=6)
     parser.add_argument("--ablation-steps", type=int, default=6)
     parser.add_argument("--cpu-groups", type=int, default=None,
-                        help="CPU worker groups (1 thread each); default: 1 on the CPU device, one per core on CUDA")
+                        help="CPU worker threads; default: one per physical core of the core plan's workers")
     parser.add_argument("--device-threads", type=int, default=None,
-                        help="torch intra-op threads; default: 1 on the CPU device (the other cores are the worker's)")
+                        help="on the CPU device, the CPUs (and torch threads) that play the device; default: half")
     parser.add_argument("--cpu-impl", default="auto", choices=("auto", "native", "torch"))
     parser.add_argument("--kernel-impl", default=None, choices=(None, "flashinfer", "triton", "torch"))
     parser.add_argument("--recall-shape", type=parse_ints, default=[16384, 4],
@@ -156,26 +161,23 @@ def main() -> int:
         args.max_tokens = 1 << 40
     modes = [m for m in args.modes.split(",") if m]
     kind = args.layer_compute if args.layer_compute != "auto" else ("matmul" if device.type == "cuda" else "sleep")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if device.type == "cpu":
-        # The CPU plays the device: split the cores between "device" torch ops and the worker
-        # instead of oversubscribing them (two OpenMP threads + two worker threads on two cores
-        # made steps 10x slower and erratic in trials here).
-        args.device_threads = args.device_threads or max(1, cores // 2)
-        args.cpu_groups = args.cpu_groups or max(1, cores - args.device_threads)
-    if args.device_threads:
-        torch.set_num_threads(args.device_threads)
-    threads = args.cpu_groups or cores
-    probe = WatchedWorker(make_worker(threads, args.cpu_impl))  # named in the report, then stopped
+    cores = bench_cores(device, args.device_threads)
+    args.device_threads = torch.get_num_threads() if device.type == "cpu" else args.device_threads
+    log(f"cores: {cores.why} (workers {cpu_list_text(cores.workers)}, host {cpu_list_text(cores.host)})")
+    threads = args.cpu_groups or 0  # 0: one per physical core of the plan's workers
+    probe = WatchedWorker(make_worker(threads, args.cpu_impl, device=device, cores=cores,
+                                      kernel_impl=args.kernel_impl))  # named in the report, then stopped
     worker_name = repr(probe)
+    threads = probe.num_threads
     probe.shutdown()
     load_before = os.getloadavg()[0]
-    hw = hardware(device, worker_name)
+    hw = hardware(device, worker_name) | {"cores": cores.as_report()}
     log(f"hardware: {hw}")
     layer_compute = LayerCompute(args.layer_compute_ms, kind, device)
     report = dict(hardware=hw, shapes=[], skipped=[], ablation=None, load_before=load_before, cpu_groups=threads)
     started = time.perf_counter()
-    watched = lambda: WatchedWorker(make_worker(threads, args.cpu_impl))  # noqa: E731
+    watched = lambda: WatchedWorker(make_worker(threads, args.cpu_impl, device=device, cores=cores,  # noqa: E731
+                                                kernel_impl=args.kernel_impl))
     if not args.only_recall:
         run_sweep(args, report, modes=modes, kind=kind, device=device, make_worker=watched,
                   layer_compute=layer_compute)

@@ -130,16 +130,14 @@ def measure_cpu_part(args) -> dict:
     """Scout decode steps with layer 0 dense and offloaded, interleaved; per-layer CPU wait from the telemetry."""
     from decode_step.workload import LayerCompute, Prompts, StepInputs
 
+    from decode_step.cpu_watch import bench_cores, make_worker
+
     from scout_sglang.core.engine import CoAttentionEngine
     from scout_sglang.core.shape import ModelShape
-    from scout_sglang.cpu_worker import native_pool
-    from scout_sglang.cpu_worker.flag_worker import FlagWorker
 
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(max(1, cores // 2))  # the CPU plays the device: half the cores for its torch ops
-    threads = max(1, cores - torch.get_num_threads())
-    worker = (native_pool.NativeWorkerPool(threads=threads) if native_pool.available()
-              else FlagWorker(threads=threads, impl="torch"))
+    device = torch.device("cpu")
+    cores = bench_cores(device)  # the CPU plays the device: half the cores for its torch ops, the rest the workers'
+    worker = make_worker(0, "auto", device=device, cores=cores)
     layer_compute = LayerCompute(args.layer_compute_ms, "sleep", torch.device("cpu"))
     shape = ModelShape(num_layers=args.layers, num_qo_heads=NUM_QO_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM)
     steps = args.warmup + args.steps
@@ -180,7 +178,8 @@ def measure_cpu_part(args) -> dict:
                     f"{row['other_cpu_wait_ms']:.2f} ms, step {row['step_ms']:.1f} ms")
     finally:
         worker.shutdown()
-    return {"rows": rows, "torch_threads": torch.get_num_threads(), "cpu_groups": threads,
+    return {"rows": rows, "torch_threads": torch.get_num_threads(), "cpu_groups": len(worker.threads),
+            "cores": cores.as_report(),
             "layer_compute_ms": args.layer_compute_ms, "warmup": args.warmup, "steps": args.steps}
 
 

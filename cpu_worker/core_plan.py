@@ -8,15 +8,23 @@ torch's intra-op threads limited to it, and the workers take the others. On a CP
 the device: they compute the model on the CPUs SGLang binds them to (SGLANG_CPU_OMP_THREADS_BIND), and the
 workers take the rank's CPUs outside that binding. Where there is nothing to split (one physical core, or a CPU
 device whose binding takes every CPU) both share the rank's CPUs, and the plan says so and why. The plan is
-reported in the server's /server_info ("cores").
+reported in the server's /server_info ("cores"), and every benchmark prints it.
+
+The engine applies the plan itself wherever it runs (the server, the benchmarks, the tests): `worker_cpus` pins
+the pool's threads one per physical core of the workers' CPUs, and `apply_host` puts the calling (host) thread
+and torch's intra-op threads on the host core on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from collections.abc import Iterable
 
 from scout_sglang.cpu_worker.cpu_sets import CpuPlace, cpu_list_text, physical_cores
+
+logger = logging.getLogger("scout_sglang.cpu_worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,3 +81,29 @@ def plan_cores(rank_cpus: Iterable[int], *, device_is_cpu: bool, device_cpus: It
     return CorePlan(tuple(workers), tuple(host), len(host), False,
                     f"the host thread and torch's {len(host)} intra-op thread(s) on core {cpu_list_text(host)}, "
                     f"the workers on the other {len(cores) - 1} cores")
+
+
+def worker_cpus(plan: CorePlan, threads: int = 0, topology: dict[int, CpuPlace] | None = None) -> list[int]:
+    """The CPU each worker thread is pinned to: one thread per physical core of `plan.workers` (on the core's
+    first hardware thread: a sibling would share its caches and load ports), or `threads` threads (an explicit
+    setting) round-robin over those cores."""
+    firsts = [core[0] for core in physical_cores(plan.workers, topology)]
+    count = threads or len(firsts)
+    return [firsts[i % len(firsts)] for i in range(count)]
+
+
+def apply_host(plan: CorePlan, *, device_is_cpu: bool) -> bool:
+    """On a GPU: the calling thread (the host thread that plans and launches each step) on the plan's host CPUs,
+    and torch's intra-op threads limited to them, off the workers' cores. A CPU device's threads are SGLang's to
+    place, and a shared plan has nothing to move. Returns whether anything was applied."""
+    if device_is_cpu or plan.shared:
+        return False
+    try:
+        os.sched_setaffinity(0, plan.host)
+    except OSError as error:  # a container may forbid it: the workers are still pinned off the host core
+        logger.warning("scout: could not put the host thread on CPUs %s: %s", cpu_list_text(plan.host), error)
+    import torch
+
+    if plan.torch_threads and torch.get_num_threads() > plan.torch_threads:
+        torch.set_num_threads(plan.torch_threads)
+    return True

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-FAULT_KEYS = ("cpu_raise", "cpu_delay", "cpu_delay_ms", "cpu_thread_exits", "seed", "request_state")
+FAULT_KEYS = ("cpu_raise", "cpu_delay", "cpu_delay_ms", "cpu_drop", "cpu_thread_exits", "seed", "request_state")
 
 
 INT_KEYS = ("cpu_thread_exits", "seed")
@@ -42,6 +42,9 @@ class FaultPlan:
     delay_probability : cpu_delay, chance that the job first sleeps delay_ms (default 1 when
         cpu_delay_ms is given: every job)
     delay_ms : cpu_delay_ms, the sleep
+    drop_probability : cpu_drop, chance that a part's result is thrown away: the worker reports it done and OK
+        with empty results (o = 0, lse = -inf), so the merge keeps the device part alone: what a test's negative
+        control needs to show that the CPU part decides tokens
     thread_exits : cpu_thread_exits, how many jobs (the worker's first ones) end the thread that
         takes them, their work undone
     seed : the draws' seed (one generator per worker, shared by its threads)
@@ -52,12 +55,13 @@ class FaultPlan:
     raise_probability: float = 0.0
     delay_probability: float = 0.0
     delay_ms: float = 0.0
+    drop_probability: float = 0.0
     thread_exits: int = 0
     seed: int = 0
     request_state: str | None = None
 
     def __post_init__(self):
-        for name in ("raise_probability", "delay_probability"):
+        for name in ("raise_probability", "delay_probability", "drop_probability"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -79,13 +83,14 @@ class FaultPlan:
         delay_ms = values.get("cpu_delay_ms", 0.0)
         return cls(raise_probability=values.get("cpu_raise", 0.0),
                    delay_probability=values.get("cpu_delay", 1.0 if delay_ms else 0.0),
-                   delay_ms=delay_ms, thread_exits=values.get("cpu_thread_exits", 0), seed=values.get("seed", 0),
+                   delay_ms=delay_ms, drop_probability=values.get("cpu_drop", 0.0),
+                   thread_exits=values.get("cpu_thread_exits", 0), seed=values.get("seed", 0),
                    request_state=values.get("request_state"))
 
     @property
     def cpu_faults(self) -> bool:
         """Whether the CPU worker threads inject anything."""
-        return bool(self.raise_probability or self.delay_probability or self.thread_exits)
+        return bool(self.raise_probability or self.delay_probability or self.drop_probability or self.thread_exits)
 
 
 class FaultInjector:
@@ -110,3 +115,11 @@ class FaultInjector:
             time.sleep(self.plan.delay_ms / 1e3)
         if fail:
             raise InjectedFault(f"injected CPU attention fault (layer {layer}; SCOUT_TEST_FAULTS)")
+
+    def drops(self) -> bool:
+        """Whether a new part's result is thrown away (cpu_drop), drawn when the part is rung (before any of its
+        work)."""
+        if not self.plan.drop_probability:
+            return False
+        with self._lock:
+            return self._random.random() < self.plan.drop_probability

@@ -77,6 +77,7 @@ class _Job:
     stale: bool = False
     started: bool = False
     failed_by_plan: bool = False
+    dropped: bool = False  # cpu_drop: empty results, reported OK
     workers: set = field(default_factory=set)
 
 
@@ -145,6 +146,10 @@ class FlagWorker:
             self._parts[index] = part
             self._seen[index] = int(part.words[DOORBELL])
 
+    def expect(self, indices: list[int], seq: int) -> None:
+        """A step begins whose layers `indices` will ring without a host call: wake the threads."""
+        self.kick()
+
     def kick(self) -> None:
         """Wake the threads (a step begins or a part was rung) and replace any that ended."""
         with self._lock:
@@ -203,7 +208,8 @@ class FlagWorker:
                 if job.index == index:
                     job.stale = True  # rung again: nobody reads its result any more
             rows = int(part.words[ROWS])
-            self._jobs.append(_Job(index, seq, rows, left=rows))
+            dropped = self._faults is not None and self._faults.drops()
+            self._jobs.append(_Job(index, seq, rows, left=rows, dropped=dropped))
             self._kicked = time.monotonic()
         self._jobs = [job for job in self._jobs if not (job.stale and not job.workers)]
 
@@ -247,7 +253,10 @@ class FlagWorker:
             began = time.perf_counter()
             try:
                 error = check_part_row(part, row)
-                if error is None:
+                if error is None and job.dropped:
+                    part.out_o[row].zero_()
+                    part.out_lse[row].fill_(float("-inf"))
+                elif error is None:
                     self._kernel.decode(part.q, part.k_cache, part.v_cache, part.pages, part.counts, batch_index=row,
                                         out_o=part.out_o, out_lse=part.out_lse, out_index=row, scale=part.scale,
                                         head_begin=0, head_end=part.k_cache.shape[1], split_index=0, num_splits=1,

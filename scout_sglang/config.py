@@ -55,9 +55,7 @@ class ScoutConfig:
     recall_link_gbps: float = 25.0  # host-to-device bandwidth the cap assumes, GB/s (PCIe 4.0 x16 ~25, 5.0 ~50)
     recall_link_share: float = 0.1  # share of a step's time that recall traffic may take on that link
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
-    cpu_groups: int = 0  # CPU worker thread groups; 0: one per available core (of the rank's share with tensor parallelism)
-    cpu_threads_per_group: int = 1  # threads per CPU worker group (a group works on one sequence at a time)
-    cpu_pin_cores: bool = False  # pin each worker thread to one CPU of the process's CPU set, in order
+    cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
     kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device
     extra: dict = field(default_factory=dict, compare=False, repr=False)  # preset metadata (model, profile source)
@@ -107,7 +105,7 @@ class ScoutConfig:
             out.append(f"cpu_impl must be one of {CPU_IMPLS}, got {self.cpu_impl!r}")
         if self.kernel_impl not in KERNEL_IMPLS:
             out.append(f"kernel_impl must be one of {KERNEL_IMPLS}, got {self.kernel_impl!r}")
-        for name in ("block_size", "token_budget", "recall_interval", "cpu_threads_per_group"):
+        for name in ("block_size", "token_budget", "recall_interval"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("sink_blocks", "local_blocks", "cpu_groups"):

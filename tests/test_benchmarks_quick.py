@@ -26,8 +26,10 @@ def test_the_quick_run_finishes_and_reports_json(script, tmp_path):
     done = subprocess.run([sys.executable, "-P", str(ROOT / "benchmarks" / script), "--quick"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=900)  # bench_accuracy: ~5 min on 2 cores
     assert done.returncode == 0, f"{script} failed:\n{done.stderr[-3000:]}"
-    last = done.stdout.strip().splitlines()[-1]
-    assert isinstance(json.loads(last), dict)
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(last, dict)
+    if script == "bench_decode_step.py":
+        assert_worker_discipline(last)
     after = {path: path.stat().st_mtime for path in results.rglob("*") if path.is_file()}
     assert after == before, f"{script} --quick wrote result files"
 
@@ -61,3 +63,14 @@ def test_the_gpu_tests_part_keeps_what_ran_when_pytest_times_out(monkeypatch):
     report = bench_gpu.part_tests(SimpleNamespace(dry=True), SimpleNamespace(tests_timeout=7))
     assert report["returncode"] == "timed out after 7 s"
     assert report["failed"] == ["FAILED tests/test_x.py::test_y - ValueError: boom"] and "....F.." in report["failures"]
+
+
+def assert_worker_discipline(summary: dict) -> None:
+    """bench_decode_step --quick (the CPU as the device): in the modes with a CPU part, the worker's threads used at
+    most 1.5x their attend time in CPU time over the timed steps (they spin only while a part is under way), and
+    none of them was runnable 5 ms after a step's end (they park)."""
+    for mode in ("hgca", "scout"):
+        row = summary["modes"][mode]
+        assert row["cpu_busy_ms"] > 0, (mode, row)
+        assert row["cpu_over_busy"] is not None and row["cpu_over_busy"] <= 1.5, (mode, row)
+    assert all(row["runnable_after_step"] == 0 for row in summary["modes"].values()), summary["modes"]

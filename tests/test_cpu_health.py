@@ -120,7 +120,7 @@ def test_an_engine_whose_worker_threads_end_goes_device_only_and_back_without_ch
     assert fallbacks(driver.telemetry, "deadline") >= 2  # the parts the ended threads held
     assert fallbacks(driver.telemetry, "device_only") > 0 and health.switches == 1
     state = engine.cpu_worker_state()
-    assert state["replaced_thread_groups"] >= 1 and not state["device_only"]  # the worker is back
+    assert state["replaced_threads"] >= 1 and not state["device_only"]  # the worker is back
     last = driver.telemetry[-1]
     assert last.totals().cpu_blocks > 0 and not last.cpu_fallbacks  # the last step used the worker
     engine.close()

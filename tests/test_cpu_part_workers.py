@@ -29,10 +29,10 @@ HEADS, GROUP, BLOCK, DIM, PAGES, CAPACITY, BATCH = 2, 4, 16, 64, 40, 6, 5
 requires_native = pytest.mark.skipif(not available(), reason="the native CPU kernel does not build here")
 
 
-def make_worker(kind, *, threads=2, faults=None, min_split_blocks=None):
+def make_worker(kind, *, threads=2, faults=None, min_item_blocks=None):
     if kind == "native":
-        split = {} if min_split_blocks is None else dict(min_split_blocks=min_split_blocks)
-        return NativeWorkerPool(threads=threads, faults=faults, **split)
+        items = {} if min_item_blocks is None else dict(min_item_blocks=min_item_blocks)
+        return NativeWorkerPool(threads=threads, faults=faults, grace_s=0.0, **items)
     return FlagWorker(threads=threads, impl="torch", faults=faults)
 
 
@@ -96,12 +96,12 @@ def test_a_rung_part_is_attended_like_the_reference(kind, threads, dtype):
 
 @requires_native
 @pytest.mark.parametrize("threads", [2, 4])
-@pytest.mark.parametrize("min_split_blocks", [1, 3])
-def test_long_lists_cut_into_block_ranges_merge_to_the_reference(threads, min_split_blocks):
-    """Lists of up to 40 blocks cut into ranges of at least 1 or 3 blocks (up to 16 a list), attended by
-    different threads and merged by LSE: the reference's output, empty lists and empty ranges included; a bad
-    page in a cut list still fails the part, naming its row, and nothing is merged from it."""
-    worker = make_worker("native", threads=threads, min_split_blocks=min_split_blocks)
+@pytest.mark.parametrize("min_item_blocks", [1, 3])
+def test_long_lists_cut_into_block_ranges_merge_to_the_reference(threads, min_item_blocks):
+    """Lists of up to 40 blocks cut into items of at least 1 or 3 blocks, attended by different threads and
+    merged by LSE: the reference's output, empty lists and empty ranges included; a bad page in a cut list
+    still fails the part, naming its row, and nothing is merged from it."""
+    worker = make_worker("native", threads=threads, min_item_blocks=min_item_blocks)
     try:
         part = make_part(torch.float32, seed=3, capacity=PAGES)
         part.counts[2] = torch.tensor([PAGES, 2])  # one long list beside a short one
@@ -122,9 +122,9 @@ def test_long_lists_cut_into_block_ranges_merge_to_the_reference(threads, min_sp
         worker.shutdown()
 
 
-def test_the_native_pool_refuses_a_negative_range_length():
-    with pytest.raises(ValueError, match="min_split_blocks"):
-        NativeWorkerPool(threads=1, min_split_blocks=-1)
+def test_the_native_pool_refuses_an_empty_item():
+    with pytest.raises(ValueError, match="min_item_blocks"):
+        NativeWorkerPool(threads=1, min_item_blocks=0)
 
 
 @pytest.mark.parametrize("kind", WORKERS)

@@ -29,7 +29,7 @@ def _pieces(node):
     pieces = []
     for sub in ast.walk(node):
         if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-            pieces += re.split(r"%[-0-9.]*[sdfrg]|\n", sub.value)
+            pieces += re.split(r"%[-#0-9.]*[sdfrgx]|\n", sub.value)
     return [p.strip().lstrip("-").strip() for p in pieces]
 
 

@@ -16,6 +16,7 @@ import torch
 from .common import BLOCK_SIZE, BREAKDOWN, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, synchronize
 
 # Per-step values a summary keeps as curves (the recall study plots them; the paper's Figure 6).
+IDLE_PROBE_S = 0.005  # after a timed step, how long before its worker's threads are sampled for state R
 CURVES = ("step_s", "cpu_ratio", "change_rate", "recall_bytes", "recall_cap_bytes", "withheld_blocks", "backed_off")
 
 
@@ -81,12 +82,15 @@ class EngineRun:
         cpu_after = worker.thread_cpu_s()
         if not timed:
             return
+        time.sleep(IDLE_PROBE_S)  # outside the timed step: the worker must be parked by now
+        runnable = worker.runnable_threads()
         timings = dict(cpu_wait=telemetry.timings.get("cpu_wait", 0.0), layer_compute=layer_s)
         timings["engine"] = step_s - timings["cpu_wait"] - layer_s
         totals = telemetry.totals()
         self.rows.append(dict(
             step_s=step_s, first_layer_s=first_layer_s, cpu_busy_s=busy_s, timings=timings,
             cpu_thread_s=None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
+            runnable_after=runnable,
             cpu_ratio=totals.cpu_ratio, change_rate=totals.change_rate, recalled_blocks=totals.recalled_blocks,
             recall_bytes=totals.recall_bytes, dropped_blocks=totals.dropped_blocks,
             recall_cap_bytes=telemetry.recall_cap_bytes, withheld_blocks=totals.withheld_blocks,
@@ -112,6 +116,10 @@ class EngineRun:
             breakdown_ms={key: 1e3 * med([r["timings"][key] for r in rows]) for key in BREAKDOWN},
             cpu_busy_ms=1e3 * med([r["cpu_busy_s"] for r in rows]),
             cpu_thread_ms_per_step=None if None in threads else 1e3 * statistics.fmean(threads),
+            # worker CPU time over attend time, summed over the timed steps: what spinning and waking cost
+            cpu_over_busy=None if None in threads or not sum(r["cpu_busy_s"] for r in rows) else
+            sum(threads) / sum(r["cpu_busy_s"] for r in rows),
+            runnable_after_step=max(r["runnable_after"] for r in rows),
             idle_frac=med([r["timings"]["cpu_wait"] / r["step_s"] for r in rows]),
             cpu_ratio=statistics.fmean(r["cpu_ratio"] for r in rows),
             change_rate=statistics.fmean(r["change_rate"] for r in rows),

@@ -85,7 +85,9 @@ def quick_summary(report: dict, args, device) -> dict:
         layer_compute_ms=args.layer_compute_ms,
         modes={} if summary_shape is None else {
             r["mode"]: dict(step_ms=round(r["step_ms"], 2), idle_frac=round(r["idle_frac"], 4),
-                            cpu_busy_ms=round(r["cpu_busy_ms"], 2)) for r in summary_shape["modes"]},
+                            cpu_busy_ms=round(r["cpu_busy_ms"], 2),
+                            cpu_over_busy=None if r["cpu_over_busy"] is None else round(r["cpu_over_busy"], 3),
+                            runnable_after_step=r["runnable_after_step"]) for r in summary_shape["modes"]},
         ablation=None if not report["ablation"] else {
             r["label"]: dict(step_ms=round(r["step_ms"], 2), idle_frac=round(r["idle_frac"], 4))
             for r in report["ablation"]["rows"]},

@@ -1,8 +1,12 @@
-// One call of the kernel: heads [head_begin, head_end) of one sequence, split
-// `split_index` of `num_splits` of each head's block list. Picks the compute path
-// (AMX, AVX512_BF16, bf16 widened in registers or generic fp32), walks the blocks with prefetch and writes
-// o / l and lse = m + log(l) (natural log, fp32), head h at out_o[(h - out_origin) * G * D] and
-// out_lse[(h - out_origin) * G].
+// The block loop of the kernel: one query token of one sequence over blocks of its KV heads' lists. Picks the
+// compute path (AMX, AVX512_BF16, bf16 widened in registers or generic fp32), walks the blocks with prefetch
+// and writes o / l and lse = m + log(l) (natural log, fp32).
+//
+// attend_segments: any runs of blocks (Segment: one KV head's list, blocks [lo, hi), its G query rows and
+// its output rows), walked as one stream so that the prefetch crosses from one run into the next: what the
+// worker pool's items are (work_items.h). attend: heads [head_begin, head_end) of one sequence, split
+// `split_index` of `num_splits` of each head's list, head h written at out_o[(h - out_origin) * G * D] and
+// out_lse[(h - out_origin) * G]: the standalone kernel's call.
 
 #pragma once
 
@@ -95,22 +99,51 @@ void list_blocks(const T* k_cache, const T* v_cache, const int32_t* table, const
   first[head_end - head_begin] = static_cast<int64_t>(blocks.size() / 2);
 }
 
+// One run of blocks of one KV head's list: blocks [lo, hi) of `pages`, attended by that head's G query rows
+// q [G, D]; o [G, D] and lse [G] (natural log) written to out_o / out_lse.
 template <typename T, typename O>
-void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
-            int64_t num_kv_heads, int64_t capacity, const Dims& d, float scale, int64_t head_begin,
-            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse,
-            int64_t out_origin = 0) {
+struct Segment {
+  const T* q;
+  const int32_t* pages;
+  int64_t head, lo, hi;
+  O* out_o;
+  float* out_lse;
+};
+
+// The (K, V) block pointers of the segments, in order, and first[s] = index of segment s's first block
+// (first[n] = the total).
+template <typename T, typename O>
+void segment_blocks(const T* k_cache, const T* v_cache, const Segment<T, O>* segments, int64_t n,
+                    int64_t num_kv_heads, const Dims& d, std::vector<const void*>& blocks,
+                    std::vector<int64_t>& first) {
+  const int64_t head_stride = d.block_size * d.head_dim, page_stride = num_kv_heads * head_stride;
+  blocks.clear();
+  first.assign(n + 1, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    const Segment<T, O>& seg = segments[s];
+    first[s] = static_cast<int64_t>(blocks.size() / 2);
+    for (int64_t i = seg.lo; i < seg.hi; ++i) {
+      const int64_t page = seg.pages[i];
+      blocks.push_back(k_cache + page * page_stride + seg.head * head_stride);
+      blocks.push_back(v_cache + page * page_stride + seg.head * head_stride);
+    }
+  }
+  first[n] = static_cast<int64_t>(blocks.size() / 2);
+}
+
+template <typename T, typename O>
+void attend_segments(const T* k_cache, const T* v_cache, int64_t num_kv_heads, const Dims& d, float scale,
+                     const Segment<T, O>* segments, int64_t n) {
   static thread_local Scratch scratch;
   scratch.reserve(d);
   const int64_t G = d.group_size, S = d.block_size, D = d.head_dim;
   const Path path = choose_path<T>(d);
 
   // All (K, V) block pointers of this call, in order, so the loop can
-  // prefetch the next one even across a head boundary.
+  // prefetch the next one even across a segment boundary.
   auto& blocks = scratch.blocks;
   auto& first = scratch.head_first;
-  list_blocks(k_cache, v_cache, table, counts, num_kv_heads, capacity, d, head_begin, head_end, split_index,
-              num_splits, blocks, first);
+  segment_blocks(k_cache, v_cache, segments, n, num_kv_heads, d, blocks, first);
   const int64_t total = static_cast<int64_t>(blocks.size() / 2);
   const int64_t block_bytes = S * D * static_cast<int64_t>(sizeof(T));
   const int64_t steps = prefetch_steps(path, d);
@@ -126,8 +159,8 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
   float* o = scratch.o.data();
   float* alpha = scratch.alpha.data();
   float* logits = scratch.logits.data();
-  for (int64_t h = head_begin; h < head_end; ++h) {
-    const T* qh = q + h * G * D;
+  for (int64_t s = 0; s < n; ++s) {
+    const T* qh = segments[s].q;
     std::fill(m, m + G, kNegInf);
     std::fill(l, l + G, 0.0f);
     std::fill(o, o + G * D, 0.0f);
@@ -151,7 +184,7 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       }
     }
 #endif
-    for (int64_t b = first[h - head_begin]; b < first[h - head_begin + 1]; ++b) {
+    for (int64_t b = first[s]; b < first[s + 1]; ++b) {
       const T* kb = static_cast<const T*>(blocks[2 * b]);
       const T* vb = static_cast<const T*>(blocks[2 * b + 1]);
       const Prefetch pf(blocks.data(), b, total, block_bytes, steps, far_ways);
@@ -234,17 +267,36 @@ void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       for (int64_t g = 0; g < G; ++g) unsplit_row(o + g * D, D);
     }
 #endif
-    O* oh = out_o + (h - out_origin) * G * D;
+    O* oh = segments[s].out_o;
     for (int64_t g = 0; g < G; ++g) {
       const bool empty = l[g] == 0.0f;
       const float inv = empty ? 0.0f : 1.0f / l[g];
       for (int64_t i = 0; i < D; ++i) oh[g * D + i] = static_cast<O>(o[g * D + i] * inv);
-      out_lse[(h - out_origin) * G + g] = empty ? kNegInf : m[g] + std::log(l[g]);
+      segments[s].out_lse[g] = empty ? kNegInf : m[g] + std::log(l[g]);
     }
   }
 #if defined(SCOUT_HAVE_AMX)
   if (path == Path::kAmx) _tile_release();
 #endif
+}
+
+
+template <typename T, typename O>
+void attend(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* counts,
+            int64_t num_kv_heads, int64_t capacity, const Dims& d, float scale, int64_t head_begin,
+            int64_t head_end, int64_t split_index, int64_t num_splits, O* out_o, float* out_lse,
+            int64_t out_origin = 0) {
+  static thread_local std::vector<Segment<T, O>> segments;
+  segments.clear();
+  const int64_t G = d.group_size, D = d.head_dim;
+  for (int64_t h = head_begin; h < head_end; ++h) {
+    const int64_t n = counts[h];
+    segments.push_back(Segment<T, O>{q + h * G * D, table + h * capacity, h, n * split_index / num_splits,
+                                     n * (split_index + 1) / num_splits, out_o + (h - out_origin) * G * D,
+                                     out_lse + (h - out_origin) * G});
+  }
+  attend_segments<T, O>(k_cache, v_cache, num_kv_heads, d, scale, segments.data(),
+                        static_cast<int64_t>(segments.size()));
 }
 
 }  // namespace

@@ -36,8 +36,11 @@
 //   amx_bf16.h       AMX tile path;  attend.h  path choice and the block loop
 //   read_ceiling.h   the same block walk without compute (the benchmark's
 //                    memory ceiling of this access pattern)
+//   work_items.h     a part's items of equal blocks, and the merge of a cut
+//                    list's pieces
 //   worker_pool.h    the CPU part's worker pool: C++ threads driven by the
-//                    hand-off's control words (no Python, no GIL)
+//                    hand-off's control words (no Python, no GIL, no lock per
+//                    item)
 
 #include <torch/extension.h>
 
@@ -147,6 +150,19 @@ int64_t read_blocks_of(const torch::Tensor& k_cache, const torch::Tensor& v_cach
   return static_cast<int64_t>(x >> 1);
 }
 
+// The blocks of each item a part of these per-list counts [lists] is cut into (work_items.h), for tests;
+// empty when a count is outside [0, capacity].
+std::vector<int64_t> item_blocks(const torch::Tensor& counts, int64_t capacity, int64_t threads,
+                                 int64_t min_item_blocks) {
+  ItemPlan plan;
+  std::vector<int64_t> out;
+  if (plan_items(counts.data_ptr<int32_t>(), counts.numel(), capacity, threads, min_item_blocks, plan) >= 0) {
+    return out;
+  }
+  for (int64_t i = 0; i < plan.items; ++i) out.push_back(plan.item_end(i) - plan.item_begin(i));
+  return out;
+}
+
 // The vector ISA compiled in, and the bf16 path this process would take.
 std::string isa() {
   std::string name = kIsa;
@@ -177,11 +193,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", &isa, "Vector ISA the kernel was compiled for.");
   using gil_release = pybind11::call_guard<pybind11::gil_scoped_release>;
   pybind11::class_<WorkerPool>(m, "WorkerPool")
-      .def(pybind11::init<int64_t, std::vector<int64_t>, bool, double, int64_t>(), pybind11::arg("threads"),
-           pybind11::arg("cpus"), pybind11::arg("pin"), pybind11::arg("spin_s"), pybind11::arg("min_split_blocks"))
+      .def(pybind11::init<int64_t, std::vector<int64_t>, bool, double, double, int64_t>(), pybind11::arg("threads"),
+           pybind11::arg("cpus"), pybind11::arg("pin"), pybind11::arg("grace_s"), pybind11::arg("stall_s"),
+           pybind11::arg("min_item_blocks"))
       .def("register_layer", &WorkerPool::register_layer,
            "Register one layer's CPU part: staging, outputs, host store, control words (kept alive here).")
-      .def("kick", &WorkerPool::kick, "Wake the threads; replace the ones that ended.", gil_release())
+      .def("expect", &WorkerPool::expect, "A step whose layers will ring `seq` without a host call (a GPU's).",
+           gil_release())
+      .def("kick", &WorkerPool::kick, "A host rang a layer: wake the threads; replace the ones that ended.",
+           gil_release())
       .def("wait_done", &WorkerPool::wait_done, "Wait for DONE == seq; the STATUS word, or -1 on timeout.",
            gil_release())
       .def("set_faults", &WorkerPool::set_faults, "Test-only faults drawn once per job.")
@@ -190,8 +210,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("num_threads", &WorkerPool::num_threads)
       .def("busy_ns", &WorkerPool::busy_ns)
       .def("layer_busy_ns", &WorkerPool::layer_busy_ns)
+      .def("cpu_ns", &WorkerPool::cpu_ns)
+      .def("lock_count", &WorkerPool::lock_count)
+      .def("item_path_locks", &WorkerPool::item_path_locks)
       .def("thread_ids", &WorkerPool::thread_ids)
       .def("last_error", &WorkerPool::last_error)
       .def("thread_cpus", &WorkerPool::thread_cpus);
+  m.def("item_blocks", &item_blocks, "Blocks of each item of a part's lists (work_items.h), for tests.");
   m.def("bf16_path", &bf16_path, "Compute path of a bf16 call of shape (group_size, block_size, head_dim).");
 }

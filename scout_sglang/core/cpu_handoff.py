@@ -128,9 +128,11 @@ class CpuHandoff:
         """Whether this step hands its parts to the worker (else BYPASS: device-only), asked once per step."""
         return self.worker is not None and self.health.use_worker()
 
-    def begin_step(self) -> None:
-        if self.worker is not None:
-            self.worker.kick()  # the worker spins through the step (the device rings without a host call)
+    def begin_step(self, seq: int, bypass: bool) -> None:
+        """A step `seq` is planned: where the device rings without a host call (kernels), the worker is told which
+        layers will ring, so that its threads spin from the first ring to the last part, then park."""
+        if self.worker is not None and self.kernels and not bypass:
+            self.worker.expect([self.worker_id[layer] for layer in self.layers], seq)
 
     def ring(self, layer: int, plan) -> None:
         i = self.index[layer]

@@ -87,8 +87,10 @@ class CoAttentionEngine:
         (exactly, from the host store: cpu_handoff.py); the server passes SCOUT_CPU_DEADLINE_MS
     cpu_faults : a cpu_worker.faults.FaultPlan for the worker this engine creates (tests only; None: no faults)
     cpu_health : when the CPU worker is given work (cpu_health.CpuWorkerHealth; None: one of its defaults)
-    cpu_set : the CPUs the worker this engine creates may use (one rank's share of the host: cpu_worker/cpu_sets.py);
-        None: the CPUs of this process. Without SCOUT_CPU_GROUPS, one thread per `cpu_threads_per_group` of them
+    cores : the core plan of the worker this engine creates (cpu_worker/core_plan.py: one rank's CPUs split between
+        the host and the workers), applied by cpu_worker/factory.py: one worker thread pinned per physical core (or
+        SCOUT_CPU_GROUPS threads), the host thread and torch's threads on the host core on a GPU; None: the plan
+        of this process's CPUs
     host_store : a stores.BorrowedHostStore to keep the full blocks of the offloaded layers in (its owner assigns
         each block's page: assign_pages); None: the engine allocates its own host store
     assigned_pages : the caller picks the page of every block in every store (SGLang's allocator under its radix
@@ -101,7 +103,7 @@ class CoAttentionEngine:
                  max_requests: int = 8, max_tokens_per_request: int = 4096, total_pages: int | None = None,
                  cpu_worker=None, track_changes: bool = True, trace: bool = False, fixed_widths: bool | None = None,
                  cpu_deadline_ms: float = DEFAULT_CPU_DEADLINE_MS, cpu_faults=None, cpu_health=None,
-                 cpu_set=None, host_store=None, assigned_pages: bool = False, replay_launches: bool = True):
+                 cores=None, host_store=None, assigned_pages: bool = False, replay_launches: bool = True):
         if config.mode in RESIDENT_MODES + CPU_MODES and config.local_blocks < 1:
             raise ValueError(f"mode {config.mode!r} needs local_blocks >= 1 (the block that fills in a step stays local)")
         if any(layer >= shape.num_layers for layer in config.dense_layers):
@@ -156,7 +158,8 @@ class CoAttentionEngine:
                                    dtype=dtype, device=self.device)
         self.buffers.workspace = self._decode_workspace(window)
         self._own_worker = cpu_worker is None and config.mode in CPU_MODES and bool(self.offloaded_layers)
-        self.cpu_worker = self._make_worker(cpu_faults, cpu_set) if self._own_worker else (cpu_worker or None)
+        self.cores = None  # the core plan applied, when this engine made its worker
+        self.cpu_worker = self._make_worker(cpu_faults, cores) if self._own_worker else (cpu_worker or None)
         self.handoff = None
         if config.mode in CPU_MODES and self.offloaded_layers:
             self.handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
@@ -202,20 +205,16 @@ class CoAttentionEngine:
             width += self.max_blocks + 3
         return width
 
-    def _make_worker(self, faults, cpu_set):
-        """The native pool (C++ threads, no GIL) unless cpu_impl asks for torch or it cannot be built; then the
-        Python reference worker."""
-        from scout_sglang.cpu_worker import native_pool
-        from scout_sglang.cpu_worker.flag_worker import FlagWorker
+    def _make_worker(self, faults, cores):
+        """The worker with its cores (cpu_worker/factory.py): the native pool unless cpu_impl asks for torch or it
+        cannot be built; then the Python reference worker."""
+        from scout_sglang.cpu_worker.factory import make_worker
 
-        cpus = sorted(cpu_set) if cpu_set is not None else sorted(os.sched_getaffinity(0))
-        threads = self.config.cpu_groups or max(1, len(cpus) // self.config.cpu_threads_per_group)
-        impl, pin = self.config.cpu_impl, self.config.cpu_pin_cores
-        if impl != "torch" and native_pool.available():
-            return native_pool.NativeWorkerPool(threads=threads, cpus=cpus, pin=pin, faults=faults)
-        if impl == "native":
-            raise RuntimeError("cpu_impl='native' was requested but the native CPU worker pool does not build here")
-        return FlagWorker(threads=threads, impl=impl, cpus=cpus, pin=pin, faults=faults)
+        rings_from_host = self.device.type != "cuda" and self.decode_impl != "triton"  # CpuHandoff.kernels
+        worker, self.cores = make_worker(device_is_cpu=self.device.type == "cpu", rings_from_host=rings_from_host,
+                                         threads=self.config.cpu_groups, impl=self.config.cpu_impl, cores=cores,
+                                         faults=faults)
+        return worker
 
     def close(self) -> None:
         """Stop the CPU worker this engine made and unregister its page-locked host store (idempotent): close()
@@ -305,14 +304,14 @@ class CoAttentionEngine:
 
     def cpu_worker_state(self) -> dict | None:
         """The CPU worker's health (cpu_health.py): whether decoding is device-only now, how often it went
-        device-only, the pool's thread groups replaced after a thread ended, and the CPUs its threads may run on
+        device-only, the pool's threads replaced after one ended, and the CPUs its threads may run on
         (read back from the OS); None without a CPU part."""
         if self.handoff is None:
             return None
         health, worker = self.handoff.health, self.cpu_worker
         thread_cpus = getattr(worker, "thread_cpus", None)
         return {"device_only": health.device_only, "device_only_switches": health.switches,
-                "replaced_thread_groups": getattr(worker, "replaced_threads", 0),
+                "replaced_threads": getattr(worker, "replaced_threads", 0),
                 "threads": len(getattr(worker, "threads", ())),
                 "cpus": thread_cpus() if thread_cpus is not None else []}
 
@@ -439,7 +438,7 @@ class CoAttentionEngine:
         bypass = self.handoff is not None and not self.handoff.use_worker()
         self.plan = self._build_plan(rows, bypass)
         if self.handoff is not None:
-            self.handoff.begin_step()
+            self.handoff.begin_step(self._seq, bypass)
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
         if self.recall_budget is not None and rids:

@@ -184,17 +184,14 @@ class ScoutAttnBackend:
         offloaded = memory_report.layer_split(self.config, self.shape.num_layers)[0]
         if self.layout == "arrival" and offloaded and shares_arrival_pool(pool.page_size, self.config.block_size):
             self.host_store = borrowed_host_store(pool, offloaded, self.config.block_size, self.device)
+        # The rank's CPUs split between the host and the CPU workers; the engine applies it (cpu_worker/factory.py)
         self.cores = rank_core_plan(self.place, self.device)
-        if self.cores.torch_threads and torch.get_num_threads() > self.cores.torch_threads:
-            torch.set_num_threads(self.cores.torch_threads)  # a GPU's host: its intra-op threads off the workers' cores
-        logger.info("scout: cores: %s (workers %s, host %s)", self.cores.why, cpu_list_text(self.cores.workers),
-                    cpu_list_text(self.cores.host))
         self.engine = CoAttentionEngine(self.config, self.shape, device=self.device, dtype=pool.dtype,
                                         max_requests=max_requests, max_tokens_per_request=context + 1,
                                         total_pages=total_pages, track_changes=False,
                                         cpu_deadline_ms=cpu_deadline_ms(),
                                         cpu_faults=faults if faults is not None and faults.cpu_faults else None,
-                                        cpu_set=list(self.cores.workers), host_store=self.host_store,
+                                        cores=self.cores, host_store=self.host_store,
                                         assigned_pages=self.shares_prefixes)
         if self.place.tp_size > 1:
             cpus = (self.engine.cpu_worker_state() or {}).get("cpus")

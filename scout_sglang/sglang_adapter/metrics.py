@@ -56,8 +56,8 @@ GAUGES = {
                               "its CPU part itself, else 0", ("cpu_worker", "device_only")),
     "scout_cpu_device_only_switches": ("times decoding went device-only since start-up",
                                        ("cpu_worker", "device_only_switches")),
-    "scout_cpu_worker_replaced_groups": ("CPU worker thread groups replaced after a thread ended",
-                                         ("cpu_worker", "replaced_thread_groups")),
+    "scout_cpu_worker_replaced_threads": ("CPU worker threads replaced after one ended",
+                                          ("cpu_worker", "replaced_threads")),
 }
 # Counters by label: name -> (help, label, path in the report to a {label value: running total} dict).
 COUNTERS = {

@@ -3,7 +3,10 @@ SCOUT_TEST_FAULTS=request_state:victim drops the engine state of the requests wh
 in a batch with others: in their decode (prompts prefilled in one piece), or between two chunks of their
 prefill (prompts longer than the 256-token chunks). Those get a clear error (HTTP 500, or the finish reason
 of a stream), their pages are freed, the other requests complete with the reference decoder's greedy
-tokens, the failures are counted in /server_info and /metrics, and the server goes on serving."""
+tokens, the failures are counted in /server_info and /metrics, and the server goes on serving. The server
+runs where the CPU part decides tokens (CPU_DECIDES_ENV), so a victim that corrupted another request's CPU part
+would show: with every CPU part dropped, the reference decoder's tokens differ on most of the other prompts (the
+negative control, checked in each case on the engine alone; test_sglang_cpu_faults.py checks it on a server)."""
 
 import concurrent.futures
 import json
@@ -12,7 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from sparse_reference import random_prompts, reference_outputs
+from sparse_reference import CPU_DECIDES_ENV, differing, random_prompts, reference_outputs
 from support import requires_sglang
 
 from scout_sglang.hf.tiny_models import save_tiny_model
@@ -20,7 +23,7 @@ from scout_sglang.server.client import generate, post, scout_stats
 from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
-SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}  # budget 128 tokens, blocks of 16
+SCOUT_ENV = CPU_DECIDES_ENV  # budget 128 tokens, blocks of 16, every selected block past sink and window on the CPU
 FAULTS_ENV = {"SCOUT_TEST_FAULTS": "request_state:victim", "SCOUT_TEST_FAULTS_ALLOW": "1"}
 ARGS = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", "16384",
         "--max-running-requests", "16", "--enable-metrics")
@@ -80,6 +83,8 @@ def test_a_request_whose_state_breaks_is_aborted_alone_and_the_batch_goes_on(tmp
     kept = [i for i in range(len(prompts)) if i not in victims]
     expected, _, _ = reference_outputs(model_dir, SCOUT_ENV, [prompts[i] for i in kept], NEW_TOKENS)
     assert [outcomes[i]["output_ids"] for i in kept] == expected
+    dropped, _, _ = reference_outputs(model_dir, SCOUT_ENV, [prompts[i] for i in kept], NEW_TOKENS, drop_cpu_part=True)
+    assert 4 * differing(dropped, expected) >= 3 * len(kept), differing(dropped, expected)  # the CPU part decides
     assert again["output_ids"] == reference_outputs(model_dir, SCOUT_ENV, [prompts[2]], 4)[0][0]
     for i, how in victims.items():
         if how == "plain":

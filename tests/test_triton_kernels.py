@@ -12,6 +12,7 @@ import pytest
 import torch
 from support import TRITON_DEVICE, assert_close, requires_triton
 
+from scout_sglang.handoff_words import STATUS_DEADLINE, STATUS_ERROR, STATUS_OK
 from scout_sglang.layout import PAD_BLOCK
 from scout_sglang.reference import block_digests, merge_states, quest_scores, sparse_decode
 from scout_sglang.testing import random_block_lists, random_paged_kv
@@ -238,6 +239,26 @@ def test_sparse_decode_all_empty(ops, num_splits):
     o, lse = _run_decode(ops, q, k, v, table, counts, None, num_splits=num_splits)
     assert torch.all(o.cpu() == 0)
     assert torch.all(lse.cpu() == float("-inf"))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_sparse_decode_gate_attends_only_when_nonzero(ops, num_splits):
+    """The CPU part's fallback is always launched, gated by the layer's status word on the device: a failed part
+    (nonzero status) is attended, a good one (STATUS_OK, 0) gives the results of empty lists."""
+    dtype, head_dim = torch.float32, 64
+    k, v = _cache(12, head_dim, dtype, seed=10)
+    table, counts, last = _lists_for_tokens([[40, 7], [1, 33]], num_pages=12, capacity=4, seed=10)
+    q = _query(2, NUM_KV_HEADS * 4, head_dim, dtype, seed=10)
+    for status in (STATUS_OK, STATUS_ERROR, STATUS_DEADLINE):
+        o = torch.full((2, NUM_KV_HEADS * 4, head_dim), float("nan"), dtype=dtype, device=TRITON_DEVICE)
+        lse = torch.full((2, NUM_KV_HEADS * 4), float("nan"), device=TRITON_DEVICE)
+        gate = torch.tensor([status], dtype=torch.int32, device=TRITON_DEVICE)
+        ops.sparse_decode_triton(q, k, v, table, counts, last, o, lse, scale=head_dim**-0.5, num_splits=num_splits,
+                                 gate=gate)
+        if status == STATUS_OK:
+            assert torch.all(o.cpu() == 0) and torch.all(lse.cpu() == float("-inf"))
+        else:
+            _check_decode(o, lse, q, k, v, table, counts, last)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -4,7 +4,8 @@ the machine's memory read bandwidth measured in the same run.
 Qwen3-8B-like decode: Hq 32, Hkv 8, D 128, bf16, block 32, batch 8, 64 random
 blocks per sequence and KV head, in a host cache much larger than the last-level
 cache (4 GiB in full mode, backed by transparent huge pages where the OS allows:
-cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy to
+cpu_worker/host_memory.py; full mode also runs native on a 4 KiB-page copy and, with a GPU, on a copy
+page-locked in place on 2 MiB pages as a GPU server's store is, to
 show what the huge pages are worth). For 1..all threads: read bandwidth (best of a torch and a numpy sum over
 a large buffer, one chunk per thread); the standalone kernel, native and torch path, called from N Python
 threads that each attend whole sequences (plan.measure.KernelThreads; the kernel releases the GIL), and native
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from scout_sglang.cpu_worker.dispatch import make_kernel
-from scout_sglang.cpu_worker.host_memory import alloc_host_tensor, anon_huge_kib, thp_state
+from scout_sglang.cpu_worker.host_memory import alloc_host_buffer, alloc_host_tensor, anon_huge_kib, thp_state
 from scout_sglang.cpu_worker.native_kernel import load_native
 from scout_sglang.plan.measure import KernelThreads, read_bandwidth_gbs
 
@@ -90,15 +91,20 @@ def hardware() -> dict:
 # -- attention ------------------------------------------------------------------
 
 
-def make_cache(num_pages: int, huge_pages: bool = True) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def make_cache(num_pages: int, huge_pages: bool = True, locked: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """K and V [P, Hkv, S, D] bf16, random values tiled from a small random set (fast to fill), and
-    their page state: the THP mode, the page kind asked for, and the share of K actually on huge pages."""
+    their page state: the THP mode, the page kind asked for, and the share of K actually on huge pages.
+    locked: page-locked for the GPU in place, as a GPU server's host store (CUDA only)."""
     shape = (num_pages, SHAPE["num_kv_heads"], SHAPE["block_size"], SHAPE["head_dim"])
     gen = torch.Generator().manual_seed(0)
     caches, kind = [], "4k"
     for _ in range(2):
         seed_pages = torch.randn((64,) + shape[1:], generator=gen).to(torch.bfloat16)
-        cache, kind = alloc_host_tensor(shape, torch.bfloat16, huge_pages=huge_pages)
+        if locked:
+            cache, buffer = alloc_host_buffer(shape, torch.bfloat16, device="cuda", what="benchmark K/V store")
+            kind = buffer.kind
+        else:
+            cache, kind = alloc_host_tensor(shape, torch.bfloat16, huge_pages=huge_pages)
         for start in range(0, num_pages, 64):
             n = min(64, num_pages - start)
             cache[start : start + n].copy_(seed_pages[:n])
@@ -219,8 +225,10 @@ def run(quick: bool) -> dict:
     native_ok = load_native().module is not None
     k_cache, v_cache, pages = make_cache(num_pages)
     log(f"host cache pages: {pages}")
-    # Full mode: the same cache on 4 KiB pages, to measure what the huge pages give (TLB reach).
+    # Full mode: the same cache on 4 KiB pages, to measure what the huge pages give (TLB reach); with a GPU, on
+    # 2 MiB pages page-locked in place as a GPU server's host store is (cpu_worker/host_memory.py).
     small_pages = None if quick else make_cache(num_pages, huge_pages=False)
+    locked_pages = None if quick or not torch.cuda.is_available() else make_cache(num_pages, locked=True)
     tables = make_tables(4 if quick else 6, num_pages)
     hot_k, hot_v, _ = make_cache(HOT_PAGES)  # 2 MiB of K+V: stays in the CPU caches
     hot_tables = make_tables(4 if quick else 6, HOT_PAGES)  # as many blocks per call, from 16 pages
@@ -251,9 +259,13 @@ def run(quick: bool) -> dict:
         configs["embedded"] = EmbeddedPool
         if small_pages is not None and pages["kind"] == "thp":
             configs["native_4k_pages"] = lambda n: standalone[("native", n)]
+        if locked_pages is not None:
+            configs["native_locked"] = lambda n: standalone[("native", n)]
     caches = {name: (k_cache, v_cache) for name in configs}
     if "native_4k_pages" in configs:
         caches["native_4k_pages"] = small_pages[:2]
+    if "native_locked" in configs:
+        caches["native_locked"] = locked_pages[:2]
     caches["native_hot"] = (hot_k, hot_v)
     tables_of = {name: hot_tables if name == "native_hot" else tables for name in configs}
     inputs_of = {name: (q, out_o, out_lse) for name in configs}
@@ -315,6 +327,8 @@ def run(quick: bool) -> dict:
         native_gbs_per_threads=native,
         torch_gbs_per_threads=torch_path,
         native_4k_pages_gbs_per_threads=series("native_4k_pages") if "native_4k_pages" in configs else None,
+        native_locked_gbs_per_threads=series("native_locked") if "native_locked" in configs else None,
+        locked_cache_pages=None if locked_pages is None else locked_pages[2],
         # The same kernel with every block in the CPU caches: what its compute allows, memory aside.
         native_hot_gbs_per_threads=series("native_hot"),
         # The engine's hand-off (doorbell words, native pool, outputs) against the standalone kernel (N threads
@@ -386,6 +400,7 @@ def run_rows(result: dict) -> list[str]:
     rows = []
     for i, n in enumerate(result["threads_list"]):
         small = result.get("native_4k_pages_gbs_per_threads")
+        locked = result.get("native_locked_gbs_per_threads")
         hot = result.get("native_hot_gbs_per_threads")
         block_read = result.get("block_read_gbs_per_threads") or [None] * len(result["threads_list"])
         of_block_read = result.get("native_frac_of_block_read_per_threads") or [None] * len(result["threads_list"])
@@ -394,7 +409,8 @@ def run_rows(result: dict) -> list[str]:
             f"| {result['host_cache_gib']} | {n} | {result['read_bw_gbs_per_threads'][i]} "
             f"| {block_read[i] or '-'} "
             f"| {result['native_gbs_per_threads'][i]} "
-            f"| {small[i] if small else '-'} | {hot[i] if hot else '-'} | {result['torch_gbs_per_threads'][i]} "
+            f"| {small[i] if small else '-'} | {locked[i] if locked else '-'} | {hot[i] if hot else '-'} "
+            f"| {result['torch_gbs_per_threads'][i]} "
             f"| {result['native_frac_of_bw_per_threads'][i]} "
             f"| {result['native_frac_of_bw_paired_median_per_threads'][i]} | {of_block_read[i] or '-'} "
             f"| {result['native_vs_torch_per_threads'][i]} |"
@@ -448,9 +464,9 @@ def write_results(result: dict) -> None:
     rows = [
         "| CPU model | ISA / bf16 path | huge pages (THP mode: kind) | host cache GiB | threads | read bw GB/s "
         "| the random blocks read, no compute GB/s | native GB/s | native, 4 KiB pages "
-        "| native, K/V in cache (compute ceiling) | torch path GB/s "
+        "| native, 2 MiB pages page-locked (GPU host) | native, K/V in cache (compute ceiling) | torch path GB/s "
         "| native / read bw | same, paired per round (median) | native / blocks read | native / torch |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in sorted(runs):
         rows += run_rows(runs[model])
@@ -479,7 +495,9 @@ numbers of different hosts were taken on different days and loads.
 - bf16 path: amx (AMX tiles), bf16dot (AVX512_BF16), bf16split (fp32 FMA on bf16 rows widened in registers:
   AVX2, AVX-512F without BF16), fp32 (rows converted to fp32). Huge pages: the transparent huge page mode,
   what the store asked for (thp = madvised) and the share of the K store the kernel backed with 2 MiB pages;
-  "native, 4 KiB pages" is the same kernel on a copy of the store without huge pages.
+  "native, 4 KiB pages" is the same kernel on a copy of the store without huge pages; "native, 2 MiB pages
+  page-locked" on a copy mapped, pre-faulted and page-locked in place for the GPU as a GPU server's host store
+  is (runs with a GPU only; "-" elsewhere).
 - "native, K/V in cache": the same kernel, batch and block lists over a cache of {HOT_PAGES} pages (2 MiB of
   K+V) that stays in the CPU caches, so memory costs nothing: the kernel's compute ceiling. Where it is below
   the read bandwidth, the kernel is compute-bound on that host and native / read bw cannot pass ceiling /
@@ -514,6 +532,8 @@ The plot shows the latest run ({hw["model"]}).
                 label="native, K/V in cache (compute ceiling)")
     if result.get("native_4k_pages_gbs_per_threads"):
         ax.plot(threads, result["native_4k_pages_gbs_per_threads"], marker="v", label="native, 4 KiB pages")
+    if result.get("native_locked_gbs_per_threads"):
+        ax.plot(threads, result["native_locked_gbs_per_threads"], marker="^", label="native, 2 MiB page-locked")
     if result.get("embedded_gbs_per_threads"):
         ax.plot(threads, result["embedded_gbs_per_threads"], marker="*", label="embedded (engine hand-off, b32)")
     for name, layout in (result.get("layouts") or {}).items():

@@ -254,8 +254,11 @@ def part_capture(setup, args) -> dict:
     return out
 
 
-def time_steps(setup, eng, inputs, batch, *, graph=None, steps=5) -> float:
+def time_steps(setup, eng, inputs, batch, *, graph=None, steps=5, watch=None) -> float:
+    """Median ms of `steps` steps; `watch` (a CpuPartWatch) sees them."""
     times = []
+    if watch is not None:
+        watch.start(eng)
     for _ in range(steps):
         inputs.refill()
         sync(setup)
@@ -268,8 +271,42 @@ def time_steps(setup, eng, inputs, batch, *, graph=None, steps=5) -> float:
         eng.end_step(read=False)
         sync(setup)
         times.append(time.perf_counter() - start)
-    eng.collect_telemetry()
+    telemetry = eng.collect_telemetry()
+    if watch is not None:
+        watch.stop(eng, telemetry, steps, sum(times))
     return 1e3 * statistics.median(times)
+
+
+class CpuPartWatch:
+    """The CPU part of the steps timed, per step: its bytes (K+V of the (block, KV head) pairs on the CPU list), the
+    workers' attend ms and their CPU ms (more than attend: spinning), the device's ms in the wait kernel, and the
+    in-engine GB/s (bytes over the attend time per thread; and over the step)."""
+
+    def __init__(self, setup):
+        self.block_bytes = 2 * setup.block * setup.dim * 2  # K and V of one KV head's block, bf16
+        self.figures = {}
+
+    def start(self, eng) -> None:
+        worker = eng.cpu_worker
+        self._busy = getattr(worker, "busy_s", 0.0)
+        self._cpu = getattr(worker, "cpu_s", None)
+
+    def stop(self, eng, telemetry, steps: int, wall_s: float) -> None:
+        worker = eng.cpu_worker
+        if worker is None or telemetry is None:
+            return
+        totals = telemetry.totals()
+        busy = worker.busy_s - self._busy
+        threads = len(worker.threads)
+        nbytes = totals.cpu_blocks * self.block_bytes
+        cpu = None if self._cpu is None else worker.cpu_s - self._cpu
+        self.figures = dict(
+            cpu_part_mb_per_step=round(nbytes / steps / 1e6, 3), worker_threads=threads,
+            attend_ms_per_step=round(1e3 * busy / steps, 3),
+            worker_cpu_ms_per_step=None if cpu is None else round(1e3 * cpu / steps, 3),
+            wait_kernel_ms_per_step=round(1e3 * telemetry.timings.get("cpu_wait", 0.0) / steps, 3),
+            in_engine_gbs=round(nbytes * threads / busy / 1e9, 2) if busy else None,
+            in_engine_gbs_over_step=round(nbytes / wall_s / 1e9, 2) if wall_s else None)
 
 
 def busy_fraction(setup, eng, inputs, batch, graph) -> float | None:
@@ -293,14 +330,20 @@ def busy_fraction(setup, eng, inputs, batch, graph) -> float | None:
 
 def measure_mode(setup, mode, batch, context) -> dict:
     eng = engine(setup, mode, batch, context, steps=3 * setup.steps + 8)
+    watch = CpuPartWatch(setup)
     try:
         inputs = StepInputs(setup, batch, eng.dtype)
-        eager_ms = time_steps(setup, eng, inputs, batch, steps=setup.steps)
+        eager_ms = time_steps(setup, eng, inputs, batch, steps=setup.steps, watch=watch)
         row = dict(mode=mode, batch=batch, context=context, eager_step_ms=round(eager_ms, 3))
+        if eng.cores is not None:
+            row["cores"] = eng.cores.as_report()
         if setup.device.type == "cuda":
             graph = capture_step(setup, eng, inputs, batch)
-            row["graph_step_ms"] = round(time_steps(setup, eng, inputs, batch, graph=graph, steps=setup.steps), 3)
+            row["graph_step_ms"] = round(time_steps(setup, eng, inputs, batch, graph=graph, steps=setup.steps,
+                                                    watch=watch), 3)
             row["gpu_busy_fraction"] = busy_fraction(setup, eng, inputs, batch, graph)
+        if watch.figures:  # the CPU part of the last timed steps (the replayed ones on a GPU)
+            row["cpu_part"] = watch.figures
         telemetry = eng.collect_telemetry()
         if telemetry is not None:
             row["cpu_ratio"] = round(telemetry.totals().cpu_ratio, 4)
@@ -341,7 +384,32 @@ def part_decode(setup, args) -> dict:
             ratios[key] = dict(eager=round(row["eager_step_ms"] / full["eager_step_ms"], 3),
                                graph=round(row["graph_step_ms"] / full["graph_step_ms"], 3)
                                if "graph_step_ms" in row and "graph_step_ms" in full else None)
-    return dict(rows=rows, step_ratio_to_full=ratios)
+    return dict(rows=rows, step_ratio_to_full=ratios, cpu_part=cpu_part_against_standalone(setup, rows))
+
+
+def cpu_part_against_standalone(setup, rows) -> dict:
+    """The in-engine CPU part's GB/s against the standalone native kernel at the pool's thread count, on this host
+    in this call, at the shape of the largest in-engine part measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from cpu_attention.standalone import standalone_native_gbs
+
+    parts = [row for row in rows if row.get("cpu_part", {}).get("in_engine_gbs")]
+    if not parts:
+        return dict(note="no in-engine CPU part was measured")
+    biggest = max(parts, key=lambda row: row["cpu_part"]["cpu_part_mb_per_step"])
+    figures = biggest["cpu_part"]
+    pairs = figures["cpu_part_mb_per_step"] * 1e6 / (2 * setup.block * setup.dim * 2) / max(setup.layers - 1, 1)
+    blocks = max(1, round(pairs / (biggest["batch"] * setup.kv)))  # per list, as the engine's lists average
+    standalone = standalone_native_gbs(threads=figures["worker_threads"], batch=biggest["batch"],
+                                       num_kv_heads=setup.kv, group_size=setup.qo // setup.kv, head_dim=setup.dim,
+                                       block_size=setup.block, blocks_per_head=blocks,
+                                       store_gib=0.05 if setup.dry else 2.0, rounds=1 if setup.dry else 3)
+    out = dict(at=f"{biggest['mode']}@{biggest['context']}x{biggest['batch']}", in_engine_gbs=figures["in_engine_gbs"],
+               standalone=standalone)
+    if standalone.get("gbs"):
+        out["in_engine_over_standalone"] = round(figures["in_engine_gbs"] / standalone["gbs"], 3)
+    log(f"cpu part: {out}")
+    return out
 
 
 def part_memory(setup, args) -> dict:

@@ -1,5 +1,5 @@
 """The backend's glue under the radix cache, without a server: ScoutAttnBackend's prefill admission
-(_begin_extend), checkpoint rebinding (rebind_from_pool) and decode page assignment (_assign_started_blocks)
+(_begin_extend), checkpoint rebinding (rebind_from_pool) and decode page assignment (from the step's token slots)
 driven by a req_to_token that behaves as SGLang's paged allocator and radix tree make it. Requests sharing a
 prefix, one of them moved onto the tree's copy after computing its own (whose pages then go to someone else),
 must decode exactly as an engine that prefilled every prompt whole; a continued chunk whose engine state was
@@ -92,18 +92,21 @@ def test_shared_rebound_and_adopting_requests_decode_exactly_and_never_read_free
 
         rids = [0, 1, 2]
 
-        def allocate_and_assign():  # SGLang's decode allocation, then the backend's planning
+        def allocate_and_assign():  # SGLang's decode allocation (out_cache_loc), then the backend's planning
+            slots = []
             for rid in rids:
                 tokens = engine.requests[rid].num_tokens
                 pool.fill(rid, tokens, tokens + 1)
-            backend._assign_started_blocks(rids)
+                slots.append(int(pool.req_to_token[rid, tokens]))
+            backend._assign_given_up_blocks(rids)
+            return {"token_slots": torch.tensor(slots)}
 
         outputs = driver.decode(engine, rids, allocate_and_assign)
         torch.testing.assert_close(outputs, expected, atol=1e-5, rtol=1e-5)
-        for rid in rids:  # the engine's tables are SGLang's rows, page for page
-            blocks = -(-engine.requests[rid].num_tokens // BLOCK)
-            assert engine.offloaded.host_pages.table(rid) == pool.pages(rid, blocks)
-            assert engine.full_store.pages.table(rid) == pool.pages(rid, blocks)
+        for rid in rids:  # the engine's tables on the device are SGLang's rows, page for page
+            blocks, slot = -(-engine.requests[rid].num_tokens // BLOCK), engine.requests[rid].slot
+            assert engine.device_tables["host"].table[slot, :blocks].tolist() == pool.pages(rid, blocks)
+            assert engine.device_tables["full"].table[slot, :blocks].tolist() == pool.pages(rid, blocks)
     finally:
         engine.close()
 

@@ -41,6 +41,17 @@ def write_recall_markdown(path: Path, study: dict, hardware: dict, beta: float) 
                 f"{'-' if v['converged_at'] is None else v['converged_at']} | {v['recall_mb_per_step']:.2f} | "
                 f"{v['max_cap_use']:.2f} | {backed_off:.1%} | {v['steady_step_ms']:.1f} | "
                 f"{v['steady_spread_ms'][0]:.0f}-{v['steady_spread_ms'][1]:.0f} | {v['speed_vs_off']:.2f}x |")
+        lines += ["", "Where the step's time goes (per step, medians over the timed steps): the CPU part's K+V, the "
+                  "workers' attend time and their CPU time (above attend: spinning and waking), the device's wait for "
+                  "the CPU part, the layer before the first layer's end, and the workers' read rate while attending.",
+                  "", "| configuration | CPU part MB | attend ms | workers' CPU ms | wait ms | layer 0 ms | in-engine GB/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in section["rows"]:
+            cpu_ms, gbs = r.get("cpu_thread_ms_per_step"), r.get("in_engine_gbs")
+            lines.append(
+                f"| {r['label']} | {r.get('cpu_part_mb_per_step', 0.0):.2f} | {r['cpu_busy_ms']:.2f} | "
+                f"{'-' if cpu_ms is None else f'{cpu_ms:.2f}'} | {r['breakdown_ms'].get('cpu_wait', 0.0):.2f} | "
+                f"{r['layer0_ms']:.2f} | {'-' if gbs is None else f'{gbs:.1f}'} |")
         lines.append("")
     lines += ["![recall per step](recall.png)", ""]
     path.write_text("\n".join(lines))

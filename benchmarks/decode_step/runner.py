@@ -16,6 +16,7 @@ import torch
 from .common import BLOCK_SIZE, BREAKDOWN, HEAD_DIM, NUM_KV_HEADS, NUM_QO_HEADS, synchronize
 
 # Per-step values a summary keeps as curves (the recall study plots them; the paper's Figure 6).
+CPU_BLOCK_BYTES = 2 * BLOCK_SIZE * HEAD_DIM * 2  # K and V of one KV head's block, bf16
 IDLE_PROBE_S = 0.005  # after a timed step, how long before its worker's threads are sampled for state R
 CURVES = ("step_s", "cpu_ratio", "change_rate", "recall_bytes", "recall_cap_bytes", "withheld_blocks", "backed_off")
 
@@ -90,7 +91,7 @@ class EngineRun:
         self.rows.append(dict(
             step_s=step_s, first_layer_s=first_layer_s, cpu_busy_s=busy_s, timings=timings,
             cpu_thread_s=None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
-            runnable_after=runnable,
+            runnable_after=runnable, cpu_blocks=totals.cpu_blocks, worker_threads=worker.num_threads,
             cpu_ratio=totals.cpu_ratio, change_rate=totals.change_rate, recalled_blocks=totals.recalled_blocks,
             recall_bytes=totals.recall_bytes, dropped_blocks=totals.dropped_blocks,
             recall_cap_bytes=telemetry.recall_cap_bytes, withheld_blocks=totals.withheld_blocks,
@@ -120,6 +121,10 @@ class EngineRun:
             cpu_over_busy=None if None in threads or not sum(r["cpu_busy_s"] for r in rows) else
             sum(threads) / sum(r["cpu_busy_s"] for r in rows),
             runnable_after_step=max(r["runnable_after"] for r in rows),
+            # the CPU part's K+V bytes per step, and the rate the workers read them at while attending
+            cpu_part_mb_per_step=statistics.fmean(r["cpu_blocks"] for r in rows) * CPU_BLOCK_BYTES / 1e6,
+            in_engine_gbs=None if not sum(r["cpu_busy_s"] for r in rows) else
+            sum(r["cpu_blocks"] * CPU_BLOCK_BYTES * r["worker_threads"] for r in rows) / sum(r["cpu_busy_s"] for r in rows) / 1e9,
             idle_frac=med([r["timings"]["cpu_wait"] / r["step_s"] for r in rows]),
             cpu_ratio=statistics.fmean(r["cpu_ratio"] for r in rows),
             change_rate=statistics.fmean(r["change_rate"] for r in rows),

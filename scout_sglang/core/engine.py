@@ -32,6 +32,8 @@ import torch
 
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.cpu_handoff import CpuHandoff
+from scout_sglang.core.device_tables import DeviceTable, StepTables
+from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.recall_budget import RecallBudget
 from scout_sglang.core.shape import ModelShape
@@ -173,6 +175,18 @@ class CoAttentionEngine:
             config, block_bytes=self.offloaded.block_bytes_per_head(self.offloaded_layers[0]),
             num_layers=len(self.offloaded_layers)) if recalls else None
         self._plan_buffer = PlanBuffer(self.device, max_requests, self._max_plan_width(window))
+        # The page tables on the device, moved by what changed (device_tables.py): no O(context) copy per step.
+        self.device_tables = {}
+        if self.offloaded_layers:
+            self.device_tables["host"] = DeviceTable(self.offloaded.host_tables, max_rows=max_requests,
+                                                     scratch_page=self.offloaded.host_scratch_page, device=self.device)
+        if self.full_layers:
+            self.device_tables["full"] = DeviceTable(self.full_store.tables, max_rows=max_requests,
+                                                     scratch_page=self.full_store.scratch_page, device=self.device)
+        self.step_tables = StepTables(self.device_tables, max_rows=max_requests, block_size=self.block_size,
+                                      device=self.device)
+        self._slots_long = torch.zeros(max_requests, dtype=torch.int64, device=self.device)  # the plan's slots
+        self._read_buffer = None  # page-locked, where a GPU's counters are read (_read_step_words)
         self.stages = LayerStages(self)
         self.plan: StepPlan | None = None
         self._batch: list[RequestState] = []
@@ -199,10 +213,11 @@ class CoAttentionEngine:
         """Columns of the widest step plan (step_plan.plan_fields): its buffer is allocated once."""
         width = 5  # slots, num_tokens, num_full, last_len, append_offset
         if self.offloaded_layers:
-            width += self.max_blocks + 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
+            width += 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
             width += len(self.offloaded_layers) + self.shape.num_kv_heads  # recall_due, recall_cap
+            width += 2 + 1  # host_delta, host_started
         if self.full_layers:
-            width += self.max_blocks + 3
+            width += 3 + 2 + 1  # num_blocks and the two cells, full_delta, full_started
         return width
 
     def _make_worker(self, faults, cores):
@@ -287,7 +302,7 @@ class CoAttentionEngine:
         if self.device.type == "cuda" and self.offloaded_layers:
             # A decode step of another request may have completed one of these blocks into its host page by a
             # copy still in flight on the stream: the host reads below wait for it (prefill, not a decode step).
-            torch.cuda.current_stream(self.device).synchronize()
+            wait_for_device(self.device)
         for layer in self.offloaded_layers:
             self.offloaded.fill_window_from_host(layer, rid, num_tokens)
         state.num_tokens = num_tokens
@@ -415,17 +430,23 @@ class CoAttentionEngine:
         return k, v
 
     # -- one decode step: plan ---------------------------------------------------
-    def begin_step(self, rids: list[int], *, rows: int | None = None) -> StepPlan:
-        """Plan the step of these requests (pages, metadata); returns the plan.
+    def begin_step(self, rids: list[int], *, rows: int | None = None,
+                   token_slots: torch.Tensor | None = None) -> StepPlan:
+        """Plan the step of these requests (pages, metadata); returns the plan. Host work of O(batch): nothing
+        here reads a device value or copies a page table.
 
         rows : the rows the layers will run (a captured graph's batch size); the ones past the requests are
-            padding (default: one per request)"""
+            padding (default: one per request)
+        token_slots : [>= rows] int64 on the device, where the caller's allocator put each row's token (SGLang's
+            out_cache_loc), for stores whose pages the caller assigns: a block a token starts that the host was
+            not given a page for gets page token_slot // block_size, on the device (device_tables.py)"""
         rows = len(rids) if rows is None else rows
         if rows < len(rids) or rows > self.max_requests:
             raise ValueError(f"a step of {len(rids)} requests cannot run {rows} rows (max_requests "
                              f"{self.max_requests})")
         self._batch = [self.requests[rid] for rid in rids]
         self._predicted = set()
+        self._started = self._assign_started_blocks(token_slots)
         for state in self._batch:
             after = state.num_tokens + 1
             if self.full_layers:
@@ -436,7 +457,7 @@ class CoAttentionEngine:
         if self.recall_budget is not None:
             self.recall_budget.observe_step(decodes=bool(rids))
         bypass = self.handoff is not None and not self.handoff.use_worker()
-        self.plan = self._build_plan(rows, bypass)
+        self.plan = self._build_plan(rows, bypass, token_slots)
         if self.handoff is not None:
             self.handoff.begin_step(self._seq, bypass)
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
@@ -447,21 +468,46 @@ class CoAttentionEngine:
             self.trace.begin_step()
         return self.plan
 
-    def _build_plan(self, rows: int, bypass: bool) -> StepPlan:
+    def _assign_started_blocks(self, token_slots) -> dict[str, list[int]]:
+        """Rows whose token starts a block that a caller-assigned store has no page for yet: the device assigns it
+        from the row's token slot (the host holds a marker); -> {table name: rows}."""
+        stores = {name: tables for name, tables, assigned in (
+            ("host", self.offloaded.host_tables, bool(self.offloaded_layers) and self.offloaded.assigned),
+            ("full", self.full_store.tables, bool(self.full_layers) and self.full_store.assigned)) if assigned}
+        started = {name: [] for name in stores}
+        if token_slots is None or not stores:
+            return started
+        for row, state in enumerate(self._batch):
+            block, offset = divmod(state.num_tokens, self.block_size)
+            for name, tables in stores.items():
+                if offset == 0 and tables.pages.count(state.rid) == block:
+                    tables.assign_on_device(state.rid, state.slot, block)
+                    started[name].append(row)
+        return started
+
+    def _build_plan(self, rows: int, bypass: bool, token_slots=None) -> StepPlan:
         batch, config = self._batch, self.config
+        changes = {name: table.take_changes(rows) for name, table in self.device_tables.items()}
         fields = plan_fields(
             [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch], rows=rows,
-            padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads, width=self._width,
+            padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads,
             offloaded=self.offloaded if self.offloaded_layers else None,
             full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
-            recall_quota=config.recall_quota,
+            recall_quota=config.recall_quota, tables=self.device_tables, changes=changes, started=self._started,
             recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
                 len(batch), self.shape.num_kv_heads, self._step_index))
         header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
+        size = self.block_size
+        widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
+                  "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0)}
+        views |= self.step_tables.apply(views, rows, widths, token_slots if any(self._started.values()) else None)
+        self._slots_long[:rows].copy_(views["slots"])
         heads = self.shape.num_kv_heads
         plan = StepPlan(batch_size=len(batch), rows=rows, rids=[s.rid for s in batch], seq=self._seq, bypass=bypass,
-                        header=header, slots_long=views["slots"].long(),
-                        last_len_heads=views["last_len"].unsqueeze(1).expand(rows, heads), **views)
+                        header=header, slots_long=self._slots_long[:rows],
+                        last_len_heads=views["last_len"].unsqueeze(1).expand(rows, heads),
+                        **{name: view for name, view in views.items() if not name.endswith("_table")},
+                        host_table=views.get("host_table"), full_table=views.get("full_table"))
         if plan.full_table is not None:
             plan.full_lists = plan.full_table.unsqueeze(1).expand(rows, heads, -1)
             plan.full_counts = plan.num_blocks.unsqueeze(1).expand(rows, heads)
@@ -563,7 +609,14 @@ class CoAttentionEngine:
         parts = [counters.flatten().long()]
         if self.handoff is not None:
             parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns]
-        values = torch.cat(parts).tolist()
+        words = torch.cat(parts)
+        if words.device.type == "cuda":  # through page-locked memory, the host sleeping until the copy is done
+            if self._read_buffer is None:
+                self._read_buffer = torch.empty(words.numel(), dtype=words.dtype, pin_memory=True)
+            self._read_buffer.copy_(words, non_blocking=True)
+            wait_for_device(words.device)
+            words = self._read_buffer
+        values = words.tolist()
         counters.zero_()
         width = counters.shape[1]
         rows = [values[i: i + width] for i in range(0, counters.numel(), width)]

@@ -1,12 +1,13 @@
 """StepPlan: the metadata of one decode step, built once on the host, read by every layer.
 
 As FlashInfer's `plan()` and vLLM's metadata builders: everything the layers
-need that depends on the batch (counts after the step's token, page tables,
-where the token goes, which block it completes, the window's pages, the block
-leaving the window) is computed here with a bounded number of tensor ops on
-host tensors, written into one int32 buffer and moved to the device in one
-copy. The per-layer stages then read these fields and never read a device
-value back.
+need that depends on the batch (counts after the step's token, where the token
+goes, which block it completes, the window's pages, the block leaving the
+window, what changed in the page tables) is computed here with a bounded number
+of tensor ops on host tensors of O(batch) size (never O(context): the page
+tables themselves live on the device, device_tables.py), written into one int32
+buffer and moved to the device in one copy. The per-layer stages then read
+these fields and never read a device value back.
 
 The device buffer is allocated once, at its largest, and each step's fields are
 views of it: with fixed widths (CUDA) the same step size gives the same
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scout_sglang.core.host_wait import blocking_event
 from scout_sglang.handoff_words import (
     HEADER_BYPASS,
     HEADER_ROWS,
@@ -54,13 +56,16 @@ class StepPlan:
     last_len: torch.Tensor  # [rows] tokens of the last listed block: the tail, or S when there is none
     last_len_heads: torch.Tensor  # [rows, Hkv] the same per KV head (a stride-0 view), as the decode takes it
     append_offset: torch.Tensor  # [rows] position of the step's token in its block
-    # offloaded layers (scout, infinigen, hgca)
+    # offloaded layers (scout, infinigen, hgca); the page tables are the step's rows of the device tables
     host_table: torch.Tensor | None = None  # [rows, NB] host page of each logical block, PAD past the allocated ones
     window_pages: torch.Tensor | None = None  # [rows, W] device pages of the window's blocks
     forced_blocks: torch.Tensor | None = None  # [rows, W] window blocks that are full (sink + local), else PAD
     resident_pages: torch.Tensor | None = None  # [rows, R] device pages of the resident slots
     window_append_page: torch.Tensor | None = None  # [rows] device page of the step's token
     fill_host_row: torch.Tensor | None = None  # [rows] host page of the block the token completes, else scratch
+    host_delta: torch.Tensor | None = None  # [rows, 2] (cell, page) the host changed in the host table (device_tables)
+    host_started: torch.Tensor | None = None  # [rows] cell whose page is the token's slot // S (assigned pages)
+    fill_host_cell: torch.Tensor | None = None  # [rows] the cell holding fill_host_row
     leaving_block: torch.Tensor | None = None  # [rows] the block leaving the local window in this step, else PAD
     leaving_page: torch.Tensor | None = None  # [rows] its window page (its ring slot is rewritten one block later)
     recall_due: torch.Tensor | None = None  # [rows, L_offloaded] interval recall due this step (nonzero)
@@ -73,6 +78,10 @@ class StepPlan:
     full_counts: torch.Tensor | None = None  # [rows, Hkv] num_blocks per KV head (a stride-0 view)
     full_append_page: torch.Tensor | None = None  # [rows]
     fill_full_row: torch.Tensor | None = None  # [rows] page the token completes (quest digest), else scratch
+    full_delta: torch.Tensor | None = None  # [rows, 2] (cell, page) the host changed in the full table
+    full_started: torch.Tensor | None = None  # [rows] cell whose page is the token's slot // S (assigned pages)
+    full_append_cell: torch.Tensor | None = None  # [rows] the cells holding full_append_page, fill_full_row
+    fill_full_cell: torch.Tensor | None = None
 
 
 def bucket(count: int, capacity: int, minimum: int = 8) -> int:
@@ -115,8 +124,9 @@ class PlanBuffer:
     """The step plan's int32 buffer: a host staging copy (page-locked on CUDA) and a device buffer allocated once
     at its largest; `write` lays out a step's fields and moves them in one copy.
 
-    On CUDA two staging buffers alternate, so that filling the next step's never races the copy of the last;
-    on the CPU the staging buffer is the device buffer."""
+    On CUDA two staging buffers alternate, so that filling the next step's never races the copy of the last
+    (the host waits for that copy on a blocking event, never by spinning); on the CPU the staging buffer is the
+    device buffer. `bytes_moved` counts the words copied: O(batch), whatever the context."""
 
     def __init__(self, device: torch.device, max_rows: int, max_width: int):
         self.device = torch.device(device)
@@ -128,6 +138,7 @@ class PlanBuffer:
                          else [self._device_buffer] * 2)
         self._events: list[object | None] = [None, None]
         self._turn = 0
+        self.bytes_moved = 0
 
     def write(self, header: list[int], fields: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, dict]:
         """Lay out `header` and the fields ([rows, X] or [rows] host tensors) -> (header view, field views)."""
@@ -149,9 +160,10 @@ class PlanBuffer:
             column += widths[name]
         if self._on_cuda:
             self._device_buffer[:size].copy_(staging.view(-1), non_blocking=True)
-            event = torch.cuda.Event()
+            event = blocking_event()  # its synchronize() sleeps in the driver: no host core spins
             event.record()
             self._events[turn] = event
+        self.bytes_moved += size * 4
         device = self._device_buffer[:size].view(1 + rows, width)
         views = {}
         for name, (start, columns, ndim) in layout.items():
@@ -161,13 +173,16 @@ class PlanBuffer:
 
 
 def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int, config,
-                num_kv_heads: int, width, offloaded, full_store, offloaded_layers, recall_quota: int,
-                recall_cap: torch.Tensor | None = None):
+                num_kv_heads: int, offloaded, full_store, offloaded_layers, recall_quota: int, tables: dict,
+                changes: dict, started: dict, recall_cap: torch.Tensor | None = None):
     """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
-    width(needed) gives a page table's column count; offloaded / full_store: the engine's stores, or None
-    where it has no layer of that kind. recall_cap: [B, Hkv] scout's recall caps, or None (no recall)."""
+    offloaded / full_store: the engine's stores, or None where it has no layer of that kind; tables: their
+    device_tables.DeviceTable ("host", "full"); changes: per table the (cells, pages) the host changed since the
+    last step (at most one per row); started: per assigned table the rows whose token starts a block the device
+    assigns (its page from the token's slot). recall_cap: [B, Hkv] scout's recall caps, or None (no recall).
+    Every tensor here is O(batch): the page tables stay on the device."""
     size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
     after = torch.tensor(num_tokens, dtype=torch.long)
     slot_index = torch.tensor(slots, dtype=torch.long)
@@ -178,28 +193,31 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
     fields = dict(slots=slot_index, num_tokens=after, num_full=num_full, last_len=last_len,
                   append_offset=(after - 1) % size)
     padding = dict(slots=padding_slot, num_tokens=0, num_full=0, last_len=size, append_offset=0)
+    for name, table in tables.items():
+        if name in started:
+            cell = slot_index * table.width + token_block
+            starts = torch.zeros(batch_size, dtype=torch.bool)
+            starts[started[name]] = True
+            fields[f"{name}_started"] = torch.where(starts, cell, table.scratch_cell)
+            padding[f"{name}_started"] = table.scratch_cell
     if offloaded is not None:
         sink, local = config.sink_blocks, config.local_blocks
-        host_rows = offloaded.host_tables.table[slot_index]  # [B, NBcap]
+        host = tables["host"]
         blocks, ring, valid = window_geometry(after, block_size=size, sink_blocks=sink, local_blocks=local)
         window_rows = offloaded.window_page_table[slot_index]  # [B, W]
         append_page = window_rows.gather(1, ring_index(token_block, sink, local).view(-1, 1)).view(-1)
-        last_column = host_rows.shape[1] - 1
-        fill_row = torch.where(fills, host_rows.gather(1, token_block.clamp(max=last_column).view(-1, 1)).view(-1),
-                               offloaded.host_scratch_page)
         leaving = num_full - 1 - local
         leaves = fills & (leaving >= sink)
         leaving_page = window_rows.gather(1, ring_index(leaving.clamp(min=0), sink, local).view(-1, 1)).view(-1)
-        fields.update(host_table=host_rows[:, : width(int(num_full.max()) if batch_size else 0)],
-                      window_pages=pad_where(valid, window_rows.gather(1, ring)),
+        fields.update(window_pages=pad_where(valid, window_rows.gather(1, ring)),
                       forced_blocks=pad_where(valid & (blocks < num_full.view(-1, 1)), blocks),
                       resident_pages=offloaded.resident_page_table[slot_index], window_append_page=append_page,
-                      fill_host_row=fill_row, leaving_block=pad_where(leaves, leaving),
-                      leaving_page=pad_where(leaves, leaving_page),
+                      fill_host_cell=torch.where(fills, slot_index * host.width + token_block, host.constant_cell()),
+                      leaving_block=pad_where(leaves, leaving), leaving_page=pad_where(leaves, leaving_page),
                       recall_quota=torch.full((batch_size, heads), recall_quota))
-        padding.update(host_table=PAD_BLOCK, window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK,
+        padding.update(window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK,
                        resident_pages=offloaded.device_scratch_page, window_append_page=offloaded.device_scratch_page,
-                       fill_host_row=offloaded.host_scratch_page, leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
+                       fill_host_cell=host.constant_cell(), leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
                        recall_quota=0)
         if recall_cap is not None:
             fields["recall_cap"] = recall_cap
@@ -210,20 +228,25 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
             fields["recall_due"] = (step % intervals == 0).to(torch.int32)
             padding["recall_due"] = 0
     if full_store is not None:
-        full_rows = full_store.tables.table[slot_index]
+        full = tables["full"]
         num_blocks = (after + size - 1) // size
-        append_page = full_rows.gather(1, token_block.view(-1, 1)).view(-1)
-        fields.update(full_table=full_rows[:, : width(int(num_blocks.max()) if batch_size else 0)],
-                      num_blocks=num_blocks, full_append_page=append_page,
-                      fill_full_row=torch.where(fills, append_page, full_store.scratch_page))
-        padding.update(full_table=PAD_BLOCK, num_blocks=0, full_append_page=full_store.scratch_page,
-                       fill_full_row=full_store.scratch_page)
+        append_cell = slot_index * full.width + token_block
+        fields.update(num_blocks=num_blocks, full_append_cell=append_cell,
+                      fill_full_cell=torch.where(fills, append_cell, full.constant_cell()))
+        padding.update(num_blocks=0, full_append_cell=full.constant_cell(), fill_full_cell=full.constant_cell())
     padded = {}
     for name, tensor in fields.items():
         shape = (rows, *tensor.shape[1:])
-        full = torch.full(shape, padding[name], dtype=torch.int32)
-        full[:batch_size] = tensor
-        padded[name] = full
+        full_field = torch.full(shape, padding[name], dtype=torch.int32)
+        full_field[:batch_size] = tensor
+        padded[name] = full_field
+    for name, table in tables.items():  # the host's changes, at most one a row: the rest write a scratch cell
+        cells, pages = changes[name]
+        delta = torch.empty(rows, 2, dtype=torch.int32)
+        delta[:, 0], delta[:, 1] = table.scratch_cell, PAD_BLOCK
+        if cells:
+            delta[: len(cells), 0], delta[: len(cells), 1] = torch.tensor(cells), torch.tensor(pages)
+        padded[f"{name}_delta"] = delta
     return padded
 
 

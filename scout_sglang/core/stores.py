@@ -46,12 +46,17 @@ from dataclasses import dataclass
 import torch
 
 from scout_sglang import kernels
+from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.page_allocator import OutOfPagesError, PageAllocator
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry
 from scout_sglang.cpu_worker.host_memory import PageSurvey, alloc_store_tensor, buffers_of
 from scout_sglang.kernels.recall_brake import NO_RUN, new_runs, new_state
 from scout_sglang.layout import PAD_BLOCK
+
+
+# Host markers of pages only the device knows are below this (AssignedPages.assign_unknown).
+DEVICE_ONLY = -(2**30)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -67,14 +72,27 @@ def write_tokens(k_store, v_store, pages: torch.Tensor, offsets: torch.Tensor, k
 class SlotPageTable:
     """Pages of each request slot's logical blocks: an allocator plus a host tensor [max_requests, max_blocks].
 
-    The tensor is what a step's plan gathers (one index op for the whole batch);
-    the allocator owns the free list and checks for leaks.
+    The tensor has a device copy (device_tables.DeviceTable) that a step gathers for its batch; every change of
+    the tensor is recorded as a dirty column range per slot, which the next step moves to the device. The
+    allocator owns the free list and checks for leaks.
     """
 
     def __init__(self, num_pages: int, max_requests: int, max_blocks: int, *, name: str):
         self.pages = PageAllocator(num_pages, name=name)
         self.max_blocks = max_blocks
         self.table = torch.full((max_requests, max_blocks), PAD_BLOCK, dtype=torch.int32)  # [slots, NB] CPU
+        self.dirty: dict[int, tuple[int, int]] = {}  # slot -> columns [lo, hi) changed since the last step
+
+    def mark(self, slot: int, lo: int, hi: int) -> None:
+        """Columns [lo, hi) of `slot` changed on the host."""
+        if hi <= lo:
+            return
+        old = self.dirty.get(slot)
+        self.dirty[slot] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+    def take_dirty(self) -> dict[int, tuple[int, int]]:
+        dirty, self.dirty = self.dirty, {}
+        return dirty
 
     def ensure(self, rid: int, slot: int, num_blocks: int) -> None:
         """Allocate pages so that logical blocks [0, num_blocks) of `rid` have one (all layers)."""
@@ -86,10 +104,13 @@ class SlotPageTable:
                                   f"{self.max_blocks} per request this engine was sized for (max_tokens_per_request)")
         new = self.pages.allocate(rid, num_blocks - have)
         self.table[slot, have:num_blocks] = torch.tensor(new, dtype=torch.int32)
+        self.mark(slot, have, num_blocks)
 
     def release(self, rid: int, slot: int) -> None:
+        held = self.pages.count(rid)
         self.pages.release(rid)
-        self.table[slot] = PAD_BLOCK
+        self.table[slot, :held] = PAD_BLOCK
+        self.mark(slot, 0, held)
 
     def page_list(self, rid: int) -> list[int]:
         return self.pages.table(rid)
@@ -120,7 +141,18 @@ class AssignedPages:
         return len(self._tables.get(rid, ()))
 
     def table(self, rid: int) -> list[int]:
-        return list(self._tables.get(rid, ()))
+        """The pages of `rid`'s blocks; a block whose page only the device knows (assign_unknown) raises: the host
+        reads a request's pages outside decode steps (prefill, a prefix's window), where every page is known."""
+        pages = list(self._tables.get(rid, ()))
+        if any(page <= DEVICE_ONLY for page in pages):
+            raise RuntimeError(f"{self.name}: request {rid} has blocks whose page only the device knows (assigned "
+                               "from a decode step's token slots); rebind it from the pool's table first")
+        return pages
+
+    def assign_unknown(self, rid: int, block: int, key: int) -> None:
+        """Block `block` of `rid` (the next) has a page the host does not know: a marker unique to (slot, block)
+        (`key`) holds its place, counted as one page in use until a rebind names it."""
+        self.assign(rid, block, [DEVICE_ONLY - 1 - key])
 
     def assign(self, rid: int, first_block: int, pages: list[int]) -> None:
         have = self._tables.setdefault(rid, [])
@@ -163,8 +195,10 @@ class AssignedPages:
                     assert block_of.setdefault(page, block) == block, f"{self.name}: page {page} holds two blocks"
 
     def _check_range(self, rid: int, pages: list[int]) -> None:
-        # page 0 is SGLang's padding page; the scratch page stands in for a request that writes nothing kept
-        bad = [page for page in pages if not 0 < page < self.num_pages and page != self.scratch_page]
+        # page 0 is SGLang's padding page; the scratch page stands in for a request that writes nothing kept;
+        # markers below DEVICE_ONLY stand for pages only the device knows
+        bad = [page for page in pages if not 0 < page < self.num_pages and page != self.scratch_page
+               and page > DEVICE_ONLY]
         if bad:
             raise ValueError(f"{self.name}: pages {bad[:4]} of request {rid} are outside 1..{self.num_pages - 1}")
 
@@ -190,6 +224,7 @@ class AssignedPageTable(SlotPageTable):
         self.pages = AssignedPages(num_pages, name=name, scratch_page=scratch_page)
         self.max_blocks = max_blocks
         self.table = torch.full((max_requests, max_blocks), PAD_BLOCK, dtype=torch.int32)  # [slots, NB] CPU
+        self.dirty: dict[int, tuple[int, int]] = {}
 
     def assign(self, rid: int, slot: int, first_block: int, pages: list[int]) -> None:
         """Blocks first_block, first_block + 1, ... of `rid` live in `pages` (assigned in order, once)."""
@@ -199,12 +234,23 @@ class AssignedPageTable(SlotPageTable):
                                   "(max_tokens_per_request)")
         self.pages.assign(rid, first_block, pages)
         self.table[slot, first_block:first_block + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self.mark(slot, first_block, first_block + len(pages))
+
+    def assign_on_device(self, rid: int, slot: int, block: int) -> None:
+        """Block `block` of `rid` (the next to assign) gets its page on the device, from a decode step's token slot
+        (device_tables.py): the host holds a marker in its place, and its table cell stays as it is (nothing to
+        move: the device wrote the page)."""
+        if block >= self.max_blocks:
+            raise OutOfPagesError(f"{self.pages.name}: request {rid} needs {block + 1} blocks, more than the "
+                                  f"{self.max_blocks} per request this engine was sized for (max_tokens_per_request)")
+        self.pages.assign_unknown(rid, block, slot * self.max_blocks + block)
 
     def rebind(self, rid: int, slot: int, pages: list[int]) -> int:
         """Blocks 0, 1, ... of `rid` now live in `pages` (AssignedPages.rebind); returns how many changed."""
         changed = self.pages.rebind(rid, pages)
         if changed:
             self.table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self.mark(slot, 0, len(pages))
         return changed
 
     def ensure(self, rid: int, slot: int, num_blocks: int) -> None:
@@ -439,8 +485,8 @@ class OffloadedStore:
         """Unregister the page-locked host store this store allocated (its memory stays until the store is
         dropped): after the device's queued copies, which may still read it. Nothing calls CUDA on a CPU device."""
         own = [] if self.borrowed else [buffer for buffer in self.host_buffers if buffer.registered]
-        if own and torch.device(self.device).type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if own:
+            wait_for_device(self.device)
         for buffer in own:
             buffer.unregister()
 

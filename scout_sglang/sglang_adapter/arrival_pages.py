@@ -10,9 +10,10 @@ store of its own:
 
   - the store is each offloaded layer's buffer viewed as [pages, Hkv, S, D]
     (page 0, SGLang's padding page, is its scratch page);
-  - the pages of a request's blocks come from req_to_token: the prompt's at
-    admission (block_pages), the page of a block a decode step completes at
-    that step's planning (completed_block_pages);
+  - the pages of a request's blocks: the prompt's from req_to_token at
+    admission (block_pages, the partial last block's too); the page of a block
+    a decode step starts from that step's token slot, on the device
+    (core/device_tables.py: planning reads no device value);
   - admission writes each full block back into its own page in the engine's
     head-major layout (one KV head's block is then one contiguous run of
     S * D values, what the CPU attention and the recall copies read), and
@@ -47,33 +48,19 @@ def borrowed_host_store(pool, layers, block_size: int, device):
     return BorrowedHostStore(k, v, scratch_page=0)
 
 
-def block_pages(slots: torch.Tensor, size: int, rid: int) -> list[int]:
+def block_pages(slots: torch.Tensor, size: int, rid: int, *, partial: bool = False) -> list[int]:
     """Pages of a request's full blocks from its token slots [N] (page = slot // size), checking that block j's
-    tokens fill one page in order, as SGLang's paged allocator lays them out."""
+    tokens fill one page in order, as SGLang's paged allocator lays them out; with `partial`, the partial last
+    block's page too (its tokens the start of one page, in order). At a request's admission (once)."""
     full = slots.shape[0] // size * size
     blocks = slots[:full].view(-1, size)
     pages = blocks[:, 0] // size
     expected = pages.view(-1, 1) * size + torch.arange(size, device=slots.device)
-    if not torch.equal(blocks, expected):
+    tail = slots[full:]
+    tail_ok = tail.numel() == 0 or torch.equal(tail, tail[0] + torch.arange(tail.numel(), device=slots.device))
+    if not torch.equal(blocks, expected) or (partial and (not tail_ok or (tail.numel() and int(tail[0]) % size))):
         raise RuntimeError(f"request slot {rid}: its token slots are not whole pages of {size} in order, so the "
                            "arrival pool's pages cannot be the engine's blocks")
+    if partial and tail.numel():
+        pages = torch.cat([pages, tail[:1] // size])
     return pages.tolist()
-
-
-def completed_block_pages(req_to_token: torch.Tensor, engine, rids: list[int]) -> list[tuple[int, int, int]]:
-    """(request slot, block, page) of each block the step's token completes, for the requests `rids` as the
-    engine holds them: SGLang allocated the page when the block's first token was decoded. One gather of
-    req_to_token for the batch (on a GPU one device read, at planning, in the steps where a block completes)."""
-    size = engine.block_size
-    after = [(rid, engine.requests[rid].num_tokens + 1) for rid in rids]  # tokens once the step's is in
-    completing = [(rid, tokens // size - 1) for rid, tokens in after if tokens % size == 0]
-    if not completing:
-        return []
-    rows = torch.tensor([rid for rid, _ in completing], device=req_to_token.device)
-    columns = torch.tensor([block * size for _, block in completing], device=req_to_token.device)
-    first_slots = req_to_token[rows, columns].tolist()
-    for (rid, block), slot in zip(completing, first_slots):
-        if slot % size:
-            raise RuntimeError(f"request slot {rid}: block {block} starts at token slot {slot}, not at the start of "
-                               f"a page of {size}: SGLang's allocator did not give it a page of its own")
-    return [(rid, block, slot // size) for (rid, block), slot in zip(completing, first_slots)]

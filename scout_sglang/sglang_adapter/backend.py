@@ -40,12 +40,7 @@ from scout_sglang.env import (
 )
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report, prefix_pages
-from scout_sglang.sglang_adapter.arrival_pages import (
-    block_pages,
-    borrowed_host_store,
-    completed_block_pages,
-    shares_arrival_pool,
-)
+from scout_sglang.sglang_adapter.arrival_pages import block_pages, borrowed_host_store, shares_arrival_pool
 from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
@@ -433,28 +428,26 @@ class ScoutAttnBackend:
                 known = None
             if known is None:
                 self._admit(rid, seq_len - 1)
-        if self.host_store is not None:
-            for rid, block, page in completed_block_pages(self.req_to_token_pool.req_to_token, self.engine, rids):
-                self.engine.assign_pages(rid, block, [page])
+        # Where SGLang's allocator picks the pages (the radix cache; the arrival pool as the host store), the page
+        # of a block a token starts is its token slot // block size: the engine takes it on the device from the
+        # batch's out_cache_loc, so planning reads no device value (a given-up request's stand-in writes the
+        # scratch page instead, assigned here on the host).
+        assigned = self.shares_prefixes or self.host_store is not None
         if self.shares_prefixes:
-            self._assign_started_blocks(rids)
-        self.engine.begin_step(rids, rows=max(rows, padded or 0))
+            self._assign_given_up_blocks(rids)
+        self.engine.begin_step(rids, rows=max(rows, padded or 0),
+                               token_slots=forward_batch.out_cache_loc if assigned else None)
         self._last_rids = rids
 
-    def _assign_started_blocks(self, rids: list[int]) -> None:
-        """Under the radix cache: the page of each block the step's token starts, as SGLang allocated it (a
-        request given up writes its stand-in's token into the scratch page instead)."""
-        size, live = self.config.block_size, []
+    def _assign_given_up_blocks(self, rids: list[int]) -> None:
+        """Under the radix cache: a request given up writes its stand-in's token into the scratch page, never into a
+        page SGLang may share: the block its token starts is assigned the scratch page on the host."""
+        size = self.config.block_size
         for rid in rids:
             if rid in self.failures.given_up:
                 tokens = self.engine.requests[rid].num_tokens
                 if tokens % size == 0:
                     self.engine.assign_scratch(rid, tokens // size, 1)
-            else:
-                live.append(rid)
-        for rid, block, page in prefix_pages.started_block_pages(self.req_to_token_pool.req_to_token, self.engine,
-                                                                 live):
-            self.engine.assign_pages(rid, block, [page])
 
     def _give_up(self, slot: int, request_id: str | None, stage: str, message: str) -> None:
         """The request in `slot` cannot go on (request_failures.py): free its engine state, put an empty
@@ -543,8 +536,8 @@ class ScoutAttnBackend:
         self.stats.admitted_requests += 1
         slots = self.req_to_token_pool.req_to_token[rid, :num_tokens].long()
         slots = slots.to(self.token_to_kv_pool.get_key_buffer(0).device)
-        if self.host_store is not None:
-            self.engine.assign_pages(rid, 0, block_pages(slots, self.config.block_size, rid))
+        if self.host_store is not None:  # its blocks' pages, the partial last one's too (its later tokens go there)
+            self.engine.assign_pages(rid, 0, block_pages(slots, self.config.block_size, rid, partial=True))
         for layer_id in range(self.shape.num_layers):
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]

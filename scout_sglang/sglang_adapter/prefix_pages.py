@@ -11,9 +11,10 @@ offloaded layers, and their digests) and of the device store (dense layers).
     radix tree holds: they were written, in the engine's layout, by the
     request that computed them. Prefill runs from P on.
   - The page of each later block is assigned when SGLang allocates it: at
-    prefill for a chunk's blocks, at a decode step for the block its token
-    starts (one read of req_to_token for the batch, in the steps where a
-    block starts).
+    prefill for a chunk's blocks (one read of req_to_token per chunk); at a
+    decode step for the block its token starts, on the device, from the step's
+    token slot (page = slot // S, core/device_tables.py), so that planning a
+    step reads no device value.
   - After a checkpoint (SGLang inserts a running request's tokens into the
     tree) the request may be moved onto the tree's copy of blocks it computed
     itself, and its own pages freed: the engine's table follows
@@ -51,12 +52,3 @@ def block_pages(req_to_token: torch.Tensor, rows: list[tuple[int, int, int]], si
     where = [(rid, block * size) for rid, first, end in rows for block in range(first, end)]
     pages = iter(pages_of(first_slots(req_to_token, where), size, where))
     return [[next(pages) for _ in range(first, end)] for _, first, end in rows]
-
-
-def started_block_pages(req_to_token: torch.Tensor, engine, rids: list[int]) -> list[tuple[int, int, int]]:
-    """(rid, block, page) of each block the step's token starts, for the requests `rids` as the engine holds
-    them (SGLang allocated the page before the step)."""
-    size = engine.block_size
-    starting = [(rid, engine.requests[rid].num_tokens) for rid in rids if engine.requests[rid].num_tokens % size == 0]
-    pages = pages_of(first_slots(req_to_token, starting), size, starting)
-    return [(rid, token // size, page) for (rid, token), page in zip(starting, pages)]

@@ -47,12 +47,12 @@ class Driver:
     def decode(self, engine, rids, before_step=None):
         """The decode steps of requests `rids` (already admitted; rid b takes row b of the step's tensors) ->
         outputs [steps, layers, B, Hq, D]; `before_step()` runs before each step's plan (a caller that assigns
-        pages, as SGLang's allocator does). What end_step returned is kept in self.telemetry."""
+        pages, as SGLang's allocator does) and may return begin_step's keyword arguments (its token slots). What
+        end_step returned is kept in self.telemetry."""
         outputs, self.telemetry = [], []
         for s in range(self.steps):
-            if before_step is not None:
-                before_step()
-            engine.begin_step(rids)
+            step_args = (before_step() if before_step is not None else None) or {}
+            engine.begin_step(rids, **step_args)
             per_layer = []
             for l in range(self.shape.num_layers):
                 if l + 1 < self.shape.num_layers and engine.wants_prediction(l + 1):

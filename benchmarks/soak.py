@@ -10,6 +10,14 @@ so the radix cache shares its K/V between requests and evicts it under
 pressure. Optionally a share of the CPU attention
 tasks fails on purpose (SCOUT_TEST_FAULTS: the layer computes the part itself).
 
+The server runs where the CPU part decides the answers (SCOUT_ENV: the tiny
+preset with no resident buffer and no recall, so every selected block past the
+sink and the local window is attended on the CPU). A negative control shows it
+first: a server at the same setting whose worker throws every CPU part away
+(SCOUT_TEST_FAULTS=cpu_drop:1) is asked each prompt of the pool once, and most
+of its answers must differ from the reference decoder's; otherwise answers
+identical under faults would say nothing about the CPU part.
+
 Every completed answer is compared with the reference decoder's greedy answer
 for the same prompt (scout_sglang.hf.reference_decoder, the same engine
 settings as the server). Reported: completed / disconnected / failed requests,
@@ -17,7 +25,7 @@ answers identical, latency percentiles over time, the scheduler's RSS over time
 (growth after warm-up), pages in use once idle, the fallbacks the server counted.
 
     make soak                                    # 10 minutes, 64 clients, 10% disconnects, 5% CPU faults
-    python -P benchmarks/soak.py --quick         # about 90 s; prints one JSON line last
+    python -P benchmarks/soak.py --quick         # about 2 minutes; prints one JSON line last
 
 Writes benchmarks/results/soak.{json,md,png} (not with --quick).
 """
@@ -37,7 +45,13 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 6  # `K V1 V2 . <eos>` and one more: the server stops at <eos>
-SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1"}
+# No resident buffer and no recall: each step attends the selected blocks past the sink and the local window on
+# the CPU. At the tiny preset alone the resident buffer holds most of them: with the CPU part dropped, 6 of this
+# pool's 40 answers differ from the reference decoder's there, and 40 of 40 here (docs/testing.md).
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1", "SCOUT_RESIDENT_BLOCKS": "0",
+             "SCOUT_RECALL_POLICY": "off"}
+DROP_FAULTS = "cpu_drop:1"  # the negative control's fault: every CPU part reported done and OK with empty results
+CONTROL_SHARE = 0.75  # the share of the pool's answers the control must change for the soak to have power
 BLOCK = 16  # the tiny preset's block size: SGLang's page size under the radix cache
 PREAMBLE_TOKENS = 1024  # the common start of the shared-prefix prompts
 
@@ -131,6 +145,24 @@ def ask(base: str, text: str, *, chat: bool, stream: bool, disconnect: bool, tim
         connection.close()
 
 
+def negative_control(base: str, samples, answers, args) -> dict:
+    """Each prompt of the pool once (completions, not streamed) to a server whose CPU parts are all dropped:
+    how many answers differ from the reference decoder's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scout_sglang.retrieval import data
+
+    def one(i):
+        return ask(base, " ".join(data.words(samples[i].prompt)), chat=False, stream=False, disconnect=False,
+                   timeout=args.timeout)
+
+    with ThreadPoolExecutor(min(16, args.clients)) as pool:
+        outcomes = list(pool.map(one, range(len(samples))))
+    completed = [i for i, (outcome, _) in enumerate(outcomes) if outcome == "completed"]
+    return {"fault": DROP_FAULTS, "prompts": len(samples), "completed": len(completed),
+            "differ": sum(outcomes[i][1].split() != answers[i] for i in completed)}
+
+
 def client_loop(index: int, base: str, samples, answers, args, end: float, records: list, lock) -> None:
     from scout_sglang.retrieval import data
 
@@ -182,11 +214,18 @@ def soak(args) -> dict:
     log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens ({len(args.shared)} of them "
         f"after a common {PREAMBLE_TOKENS}-token preamble)")
     answers = reference_answers(samples, SCOUT_ENV)
+    server_args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
+                   "--max-running-requests", str(args.clients), "--page-size", str(BLOCK), "--enable-metrics")
+    with tempfile.TemporaryDirectory() as tmp:
+        drop_env = SCOUT_ENV | {"SCOUT_TEST_FAULTS": DROP_FAULTS, "SCOUT_TEST_FAULTS_ALLOW": "1"}
+        with launched_server(bundled_model_dir(), *server_args, env=drop_env,
+                             log_path=Path(tmp) / "control.log") as base:
+            control = negative_control(base, samples, answers, args)
+    log(f"negative control ({DROP_FAULTS}): {control['differ']} of {control['completed']} answers differ from the "
+        f"reference decoder's ({control['prompts']} prompts)")
     env = dict(SCOUT_ENV)
     if args.faults > 0:
         env.update(SCOUT_TEST_FAULTS=f"cpu_raise:{args.faults},seed:1", SCOUT_TEST_FAULTS_ALLOW="1")
-    server_args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
-                   "--max-running-requests", str(args.clients), "--page-size", str(BLOCK), "--enable-metrics")
     records, rss, lock = [], [], threading.Lock()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "server.log"
@@ -211,7 +250,7 @@ def soak(args) -> dict:
             time.sleep(3)  # the last aborts and releases settle
             stats = scout_stats(base)
             health = _health(base)
-    return summarize(records, rss, stats, health, start, args)
+    return summarize(records, rss, stats, health, start, args, control=control)
 
 
 def _health(base: str) -> int:
@@ -229,7 +268,9 @@ def percentiles(values: list[float]) -> dict:
     return {"p50": round(pick(0.5), 3), "p90": round(pick(0.9), 3), "p99": round(pick(0.99), 3), "n": len(values)}
 
 
-def summarize(records, rss, stats, health, start, args) -> dict:
+def summarize(records, rss, stats, health, start, args, *, control: dict | None) -> dict:
+    """The report's numbers and verdict; control is negative_control's result (None: it did not run, so the
+    soak shows no power)."""
     count = lambda outcome: sum(r["outcome"] == outcome for r in records)  # noqa: E731
     completed = [r for r in records if r["outcome"] == "completed"]
     bucket = max(10, args.seconds // 10)
@@ -244,6 +285,7 @@ def summarize(records, rss, stats, health, start, args) -> dict:
     usage = (stats or {}).get("usage", {})
     pages = sum(v for k, v in usage.items() if k.endswith("pages"))
     result = {
+        "setting": SCOUT_ENV, "control": control,
         "seconds": args.seconds, "clients": args.clients, "disconnect_share": args.disconnect,
         "cpu_fault_share": args.faults, "prompts": args.prompts, "lengths": args.lengths,
         "requests": len(records), "completed": len(completed), "disconnected": count("disconnected"),
@@ -266,7 +308,8 @@ def summarize(records, rss, stats, health, start, args) -> dict:
         "zero_failed": result["failed"] == 0, "all_identical": result["identical"] == result["completed"] > 0,
         "rss_growth_under_5pct": growth is not None and growth < 0.05, "no_pages_idle": pages == 0,
         "prefix_reused": not result["shared_prefix_share"] or ((stats or {}).get("prefix") or {}).get("hits", 0) > 0,
-        "healthy": health == 200}
+        "healthy": health == 200,
+        "cpu_part_decides": bool(control) and control["differ"] >= CONTROL_SHARE * control["prompts"]}
     result["passed"] = all(result["verdict"].values())
     return result
 
@@ -286,6 +329,9 @@ def write_report(result: dict) -> None:
              "Every completed answer is compared with the reference decoder's greedy answer. Host: "
              f"{result['host']['cpus']} CPUs, load average at the end {result['host']['load_average_at_end']} (other "
              "work on the host shows there).", "",
+             f"Setting: `{' '.join(f'{k}={v}' for k, v in result['setting'].items())}`: no resident buffer and no "
+             "recall, so every selected block past the sink and the local window is attended on the CPU, and the "
+             "CPU part decides the answers. " + control_sentence(result["control"]), "",
              "| requests | completed | disconnected | failed | identical to the reference | latency p50 / p90 / p99 s "
              "| RSS growth after warm-up | pages in use when idle | CPU fallbacks |",
              "|---:|---:|---:|---:|---:|---|---:|---:|---|",
@@ -299,6 +345,16 @@ def write_report(result: dict) -> None:
         lines += [f"- `{json.dumps(r)}`" for r in result["mismatches"] + result["failures"]]
     (RESULTS / "soak.md").write_text("\n".join(lines) + "\n")
     plot(result, RESULTS / "soak.png")
+
+
+def control_sentence(control: dict | None) -> str:
+    if not control:
+        return "The negative control did not run."
+    return (f"Negative control: a server at the same setting whose worker throws every CPU part away "
+            f"(`SCOUT_TEST_FAULTS={control['fault']}`), asked each of the {control['prompts']} prompts once, "
+            f"answered {control['differ']} of {control['completed']} differently from the reference decoder "
+            f"(the verdict asks for at least {100 * CONTROL_SHARE:.0f}% of the prompts): an answer that lost its "
+            "CPU part would not be identical.")
 
 
 def plot(result: dict, path: Path) -> None:
@@ -333,7 +389,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-prefix", type=float, default=0.25,
                         help="share of the pool's prompts that start with a common preamble (radix-cache hits)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    parser.add_argument("--quick", action="store_true", help="about 90 s: 16 clients, 45 s, shorter prompts")
+    parser.add_argument("--quick", action="store_true", help="about 2 minutes: 16 clients, 45 s, shorter prompts")
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes, args.clients, args.prompts, args.lengths = 0.75, 16, 12, "256,512,1024"
@@ -349,7 +405,7 @@ def main(argv=None) -> int:
         f"{result['rss_growth_after_warmup']}; pages idle {result['idle_pages']}; passed {result['passed']}")
     print(json.dumps({k: result[k] for k in ("passed", "verdict", "requests", "completed", "identical",
                                              "disconnected", "failed", "latency_s", "rss_growth_after_warmup",
-                                             "idle_pages", "cpu_fallbacks", "run_seconds")}))
+                                             "idle_pages", "cpu_fallbacks", "control", "run_seconds")}))
     return 0 if result["passed"] else 1
 
 

@@ -1,4 +1,5 @@
-"""The soak's verdict: a failed request, a wrong answer, RSS growth or pages left in use each fail it."""
+"""The soak's verdict: a failed request, a wrong answer, RSS growth, pages left in use or a negative control whose
+answers mostly equal the reference decoder's (no power) each fail it."""
 
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ ARGS = SimpleNamespace(seconds=100.0, clients=2, disconnect=0.1, faults=0.0, pro
 STATS = {"usage": {"requests": 0, "host_pages": 0, "device_window_pages": 0, "device_full_pages": 0},
          "cpu_fallbacks": {"error": 0, "deadline": 0}, "decode_steps": 10}
 RSS = [{"t": t, "rss_bytes": 1000} for t in range(0, 100, 10)]
+CONTROL = {"fault": "cpu_drop:1", "prompts": 4, "completed": 4, "differ": 4}
 
 
 def records(**last):
@@ -20,31 +22,41 @@ def records(**last):
 
 
 def test_a_clean_run_passes_and_counts_every_outcome():
-    result = soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS)
+    result = soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS, control=CONTROL)
     assert result["passed"], result["verdict"]
     assert (result["completed"], result["disconnected"], result["failed"], result["identical"]) == (20, 1, 0, 20)
     assert result["latency_s"]["p50"] == 0.5 and len(result["latency_over_time"]) == 10
 
 
 def test_each_defect_fails_the_verdict():
-    wrong = soak.summarize(records(identical=False), RSS, STATS, 200, 0.0, ARGS)
+    wrong = soak.summarize(records(identical=False), RSS, STATS, 200, 0.0, ARGS, control=CONTROL)
     assert not wrong["passed"] and not wrong["verdict"]["all_identical"] and wrong["mismatches"]
-    failed = soak.summarize(records(outcome="failed", error="HTTP 500"), RSS, STATS, 200, 0.0, ARGS)
+    failed = soak.summarize(records(outcome="failed", error="HTTP 500"), RSS, STATS, 200, 0.0, ARGS, control=CONTROL)
     assert not failed["passed"] and failed["failed"] == 1
     growing = RSS[:-2] + [{"t": 80, "rss_bytes": 1100}, {"t": 90, "rss_bytes": 1100}]
-    assert not soak.summarize(records(), growing, STATS, 200, 0.0, ARGS)["verdict"]["rss_growth_under_5pct"]
+    grown = soak.summarize(records(), growing, STATS, 200, 0.0, ARGS, control=CONTROL)
+    assert not grown["verdict"]["rss_growth_under_5pct"]
     leaking = {**STATS, "usage": {**STATS["usage"], "host_pages": 3}}
-    assert soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS)["idle_pages"] == 3
-    assert not soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS)["passed"]
+    assert soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS, control=CONTROL)["idle_pages"] == 3
+    assert not soak.summarize(records(), RSS, leaking, 200, 0.0, ARGS, control=CONTROL)["passed"]
+
+
+def test_a_control_that_changes_few_answers_fails_the_verdict():
+    """Answers identical under faults say nothing where dropping the CPU part changes no answer either."""
+    weak = soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS, control={**CONTROL, "differ": 2})
+    assert not weak["passed"] and not weak["verdict"]["cpu_part_decides"]
+    assert not soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS, control=None)["passed"]
+    strong = soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS, control={**CONTROL, "differ": 3})
+    assert strong["passed"] and strong["control"]["differ"] == 3 and strong["setting"] == soak.SCOUT_ENV
 
 
 def test_a_shared_prefix_share_needs_prefix_hits_and_counts_its_answers():
     args = SimpleNamespace(**vars(ARGS), shared_prefix=0.25)
     shared = [{**r, "shared_prefix": True} if r["outcome"] == "completed" and r["t"] < 20 else r for r in records()]
-    missed = soak.summarize(shared, RSS, STATS, 200, 0.0, args)
+    missed = soak.summarize(shared, RSS, STATS, 200, 0.0, args, control=CONTROL)
     assert not missed["passed"] and not missed["verdict"]["prefix_reused"]
     reused = soak.summarize(shared, RSS, {**STATS, "prefix": {"hits": 3, "prefill_tokens_saved": 3072}}, 200, 0.0,
-                            args)
+                            args, control=CONTROL)
     assert reused["passed"] and reused["shared_prefix_completed"] == reused["shared_prefix_identical"] == 4
 
 

@@ -83,8 +83,11 @@ OTHER_VARIABLE_DOCS = {
     ),
     "SCOUT_TEST_FAULTS": (
         "unset",
-        "`cpu_raise:P,cpu_delay:P,cpu_delay_ms:MS,cpu_thread_exits:N,request_state:TEXT,seed:N` (P in [0, 1])",
+        "`cpu_raise:P,cpu_delay:P,cpu_delay_ms:MS,cpu_drop:P,cpu_thread_exits:N,request_state:TEXT,seed:N` "
+        "(P in [0, 1])",
         "Tests only: the CPU worker threads raise, or sleep, before that share of their queue entries; "
+        "`cpu_drop:P` reports that share of the CPU parts done with empty results, so the merge keeps the device "
+        "part alone (the fault tests' negative control: answers change where the CPU part decides them); "
         "`cpu_thread_exits:N` ends the threads that take the first N entries; `request_state:TEXT` drops, once, "
         "the engine state of each request whose id contains TEXT. Refused outside pytest unless "
         "`SCOUT_TEST_FAULTS_ALLOW=1`.",

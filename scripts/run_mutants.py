@@ -1,21 +1,33 @@
-"""Mutation check: every patch in tests/mutants breaks one thing that matters; the fast tests must notice.
+"""Mutation check: every patch in tests/mutants breaks one thing that matters; the tests of the code it changes
+must notice.
 
-For each mutant: copy the tracked tree to a temporary folder, apply the patch
-there (the checkout is never touched), run the fast engine tests against the
-copy, and list the tests that failed. The unmutated copy runs first and must
-pass, so a failure is the mutant's doing. Exit status 1 when a mutant
-survives or no longer applies (after a rewrite, update its patch).
+For each mutant: copy the tree to a temporary folder, apply the patch there (the checkout is never touched), and
+run the tests that cover the files the patch changes, from TESTS_FOR (source path or folder -> tests: a Triton
+kernel gets the Triton tests, a native header the native kernel's, the engine's Python files the fast engine
+tests). A patch that changes a file no entry covers is an error, so a mutant never runs no test. Every list used
+first passes on an unmutated copy, each test once, so a failure is the mutant's doing. A mutant starts as soon as
+the unmutated runs of its tests have passed, and its run stops at its first failing test (-x): one is the proof,
+and a killed mutant costs seconds. Exit status 1 when a mutant survives, no longer applies (after a rewrite,
+update its patch) or changes a file no entry covers.
 
-    python -P scripts/run_mutants.py [--jobs 2] [--only NAME ...]
+    python -P scripts/run_mutants.py [--jobs 2] [--only NAME ...] [--dry-run]
+
+Each job slot makes its copies at the same path, so that they share the native kernel's build (torch's ninja
+build compiles again when the source's path changes): SCOUT_NATIVE_BUILD_DIR names one build folder per slot and
+per content of the kernel's sources. The unmutated kernel compiles once per slot, a mutated header once for its
+mutant.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import os
+import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,23 +36,68 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS_DIR = ROOT / "tests" / "mutants"
-# The engine-level tests: quick, and between them they cover every decision of a decode step.
-FAST_TESTS = [
+
+# The fast engine tests: between them they cover every decision of a decode step (torch path). The ops' own tests
+# first: a run stops at its first failure, and they take seconds where the engine's take a minute.
+FAST_TESTS = (
+    "tests/test_kernels_merge.py",
+    "tests/test_kernels_selection.py",
+    "tests/test_stage_append.py",
+    "tests/test_stage_split.py",
+    "tests/test_recall_brake.py",
+    "tests/test_stage_recall.py",
+    "tests/test_shared_prefix.py",
+    "tests/test_prefix_pages_glue.py",
     "tests/test_engine.py",
     "tests/test_engine_oracle.py",
     "tests/test_scout_policy_model.py",
-    "tests/test_kernels_merge.py",
-    "tests/test_kernels_selection.py",
     "tests/test_engine_chunked_prefill.py",
-    "tests/test_stage_split.py",
-    "tests/test_stage_recall.py",
-    "tests/test_recall_brake.py",
-    "tests/test_stage_append.py",
-    "tests/test_shared_prefix.py",
-    "tests/test_prefix_pages_glue.py",
-]
+)
+# Tests that run the Triton kernels (under the interpreter without a GPU) against the fp32 references, or against
+# the torch path that is itself tested against them; quickest first, since a run stops at its first failure. Left
+# out: test_layer_programs.py and test_step_capture.py, which count launches and compare a replayed step with an
+# eager one (both Triton: a wrong kernel is wrong in both) and take 4-15 minutes here.
+TRITON_TESTS = (
+    "tests/test_kernels_cpu_part.py",  # handoff.py: the merge with the worker's part or the fallback's
+    "tests/test_stage_append.py",  # stage_append.py
+    "tests/test_stage_split.py",  # stage_split.py, lists.py
+    "tests/test_kernels_triton_dispatch.py",  # the host wrappers' calls of decode, digest, selection, merge
+    "tests/test_recall_brake.py",  # stage_recall.py's brake
+    "tests/test_stage_recall.py",  # stage_recall.py
+    "tests/test_triton_kernels.py",  # digest.py, selection.py, decode.py (the gated fallback too), merge.py
+    "tests/test_stage_select.py",  # stage_select.py
+    "tests/test_engine_triton_path.py",  # all of them in every mode, against the torch path (3 minutes)
+)
+# The native CPU kernel and the worker pool that runs it, against the reference; then the engine, which serves
+# its CPU part with them. The AVX2 and scalar builds (two more compiles of a minute each) only for their headers.
+ISA_BUILDS = "tests/test_cpu_worker_kernels.py::test_avx2_and_scalar_builds_match_reference"
+NATIVE_TESTS = (
+    "tests/test_cpu_worker_kernels.py",
+    f"--deselect={ISA_BUILDS}",
+    "tests/test_native_read_blocks.py",
+    "tests/test_cpu_part_workers.py",
+    "tests/test_engine.py",
+)
+# The Python CPU worker (dispatch, pools, fallback): its tests, then the engine's.
+CPU_WORKER_TESTS = (*NATIVE_TESTS, "tests/test_cpu_fallback.py", "tests/test_cpu_health.py", *FAST_TESTS)
+
+# Source path or folder prefix -> the pytest arguments (test files, node ids, --deselect=) of the tests that
+# exercise it. The longest matching prefix wins; a patch that changes several files runs the union.
+TESTS_FOR = {
+    "kernels/triton/": TRITON_TESTS,
+    "kernels/": FAST_TESTS,
+    "scout_sglang/": FAST_TESTS,
+    "cpu_worker/native/simd_avx2.h": (*NATIVE_TESTS, ISA_BUILDS),
+    "cpu_worker/native/simd_scalar.h": (*NATIVE_TESTS, ISA_BUILDS),
+    "cpu_worker/native/": NATIVE_TESTS,
+    "cpu_worker/": CPU_WORKER_TESTS,
+}
 # Folders that install as subpackages of scout_sglang (setup.py's PACKAGE_ROOTS).
 SUBPACKAGES = {"kernels": "kernels", "cpu_worker": "cpu_worker", "configs": "configs"}
+# What the native kernel's build depends on (a build folder per content of these).
+NATIVE_SOURCES = ("cpu_worker/native", "cpu_worker/native_kernel.py")
+# pytest exit codes that say nothing about the code under test: usage error, no tests collected.
+RUNNER_ERRORS = (4, 5)
 
 
 def tracked_files() -> list[str]:
@@ -49,72 +106,234 @@ def tracked_files() -> list[str]:
     return [name for name in out.decode().split("\0") if name and (ROOT / name).is_file()]
 
 
-def make_copy(files: list[str], patch: Path | None) -> Path:
-    """A temporary tree with the patch applied, importable as scout_sglang from <copy>/.site."""
-    copy = Path(tempfile.mkdtemp(prefix="scout-mutant-"))
+def patched_files(patch: Path) -> list[str]:
+    """The paths a patch changes (both sides of a rename)."""
+    names = re.findall(r"^diff --git a/(\S+) b/(\S+)$", patch.read_text(), re.M)
+    return sorted({name for pair in names for name in pair})
+
+
+def tests_for(files: list[str]) -> tuple[str, ...]:
+    """The union, in order, of the tests TESTS_FOR gives each file; LookupError names a file no entry covers."""
+    args: list[str] = []
     for name in files:
-        target = copy / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, target)
+        prefixes = [prefix for prefix in TESTS_FOR if name.startswith(prefix)]
+        if not prefixes:
+            raise LookupError(f"no entry of TESTS_FOR covers {name}: add one to scripts/run_mutants.py")
+        args += [arg for arg in TESTS_FOR[max(prefixes, key=len)] if arg not in args]
+    # A test one entry names is not deselected by another's --deselect.
+    selected = [arg for arg in args if not arg.startswith("-")]
+    return tuple(arg for arg in args if not (arg.startswith("--deselect=")
+                                             and any(s.startswith(arg.split("=", 1)[1]) for s in selected)))
+
+
+def selections(args: tuple[str, ...]) -> set[str]:
+    """The test files and node ids among pytest arguments."""
+    return {arg for arg in args if not arg.startswith("-")}
+
+
+def baseline_runs(lists: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """What the unmutated copy runs so that every list is shown to pass, each test once: the lists, longest first,
+    each less the tests an earlier one runs whole (not cut by a --deselect)."""
+    whole: set[str] = set()
+    runs = []
+    for args in sorted(lists, key=len, reverse=True):
+        kept = tuple(arg for arg in args if arg.startswith("-") or arg not in whole)
+        if selections(kept):
+            runs.append(kept)
+        cut = [arg.split("=", 1)[1] for arg in args if arg.startswith("--deselect=")]
+        whole |= {arg for arg in selections(args) if not any(node.startswith(arg) for node in cut)}
+    return runs
+
+
+def test_files(args: tuple[str, ...]) -> str:
+    """'test_engine.py test_stage_split.py ...' from pytest arguments (the deselected left out)."""
+    return " ".join(Path(arg).name for arg in args if not arg.startswith("-"))
+
+
+class Slots:
+    """One folder per job, reused at the same path by every copy that job makes; a native build folder per slot
+    and per content of the kernel's sources."""
+
+    def __init__(self, base: Path, count: int):
+        self.base = base
+        self.running: set[subprocess.Popen] = set()  # the pytest runs in flight, each in a session of its own
+        self.free: queue.Queue[int] = queue.Queue()
+        for slot in range(count):
+            self.free.put(slot)
+
+    def copy_path(self, slot: int) -> Path:
+        return self.base / f"slot{slot}" / "tree"
+
+    def build_dir(self, slot: int, copy: Path) -> Path:
+        digest = hashlib.sha1()
+        for source in NATIVE_SOURCES:
+            path = copy / source
+            for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+                if file.is_file() and "__pycache__" not in file.parts:
+                    digest.update(str(file.relative_to(copy)).encode() + b"\0" + file.read_bytes() + b"\0")
+        return self.base / "native-builds" / f"slot{slot}-{digest.hexdigest()[:10]}"
+
+
+def make_copy(snapshot: Path, copy: Path, patch: Path | None) -> None:
+    """A copy of the snapshot at `copy` with the patch applied, importable as scout_sglang from <copy>/.site.
+    copytree keeps the files' times, so a shared native build sees its sources unchanged."""
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(snapshot, copy, symlinks=True)
     if patch is not None:
         applied = subprocess.run(["git", "apply", str(patch)], cwd=copy, capture_output=True, text=True)
         if applied.returncode:
-            shutil.rmtree(copy)
             raise RuntimeError(f"{patch.name} no longer applies: {applied.stderr.strip()}")
     site = copy / ".site"
     site.mkdir()
     (site / "scout_sglang").symlink_to(copy / "scout_sglang")
     for package, folder in SUBPACKAGES.items():
         (copy / "scout_sglang" / package).symlink_to(copy / folder)
-    return copy
 
 
-def run_tests(copy: Path) -> tuple[int, list[str], str]:
-    """pytest over the fast tests in the copy -> (exit status, failed test ids, last output line)."""
-    env = dict(os.environ, PYTHONPATH=str(copy / ".site"), PYTHONSAFEPATH="1")
+def run_tests(copy: Path, build_dir: Path, args: tuple[str, ...], *, first_failure: bool, timeout: float | None,
+              running: set[subprocess.Popen]) -> dict:
+    """pytest over `args` in the copy -> {code, failed (test ids), summary (last line), seconds, timed_out}."""
+    env = dict(os.environ, PYTHONPATH=str(copy / ".site"), PYTHONSAFEPATH="1", SCOUT_NATIVE_BUILD_DIR=str(build_dir),
+               TORCH_EXTENSIONS_DIR=str(build_dir))  # the ISA fallback builds go through torch's own cache
     check = subprocess.run([sys.executable, "-P", "-c", "import scout_sglang.kernels as k; print(k.__file__)"],
                            cwd=copy, env=env, capture_output=True, text=True)
     if not check.stdout.strip().startswith(str(copy)):
         raise RuntimeError(f"the copy is not the code under test (imported {check.stdout.strip() or check.stderr})")
-    result = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *FAST_TESTS],
-                            cwd=copy, env=env, capture_output=True, text=True)
-    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", result.stdout, re.M)))
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    return result.returncode, failed, lines[-1] if lines else result.stderr[-500:]
+    command = [sys.executable, "-P", "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider",
+               *(["-x"] if first_failure else []), *args]
+    start = time.perf_counter()
+    # A session of its own, so that a run past its timeout is ended with whatever it started.
+    process = subprocess.Popen(command, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    running.add(process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_session(process)
+        stdout, stderr = process.communicate()
+        timed_out = True
+    finally:
+        running.discard(process)
+        for lock in build_dir.rglob("lock"):  # torch's build lock, left behind by a killed build, would block the slot
+            lock.unlink(missing_ok=True)
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", stdout, re.M)))
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    return {"code": process.returncode, "failed": failed, "timed_out": timed_out,
+            "summary": lines[-1] if lines else stderr.strip()[-500:], "seconds": time.perf_counter() - start}
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """End a run with whatever it started (a compiler, say)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass
+
+
+def in_slot(slots: Slots, snapshot: Path, patch: Path | None, args: tuple[str, ...], **run) -> dict:
+    slot = slots.free.get()
+    copy = slots.copy_path(slot)
+    try:
+        make_copy(snapshot, copy, patch)
+        return run_tests(copy, slots.build_dir(slot, copy), args, running=slots.running, **run)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+        slots.free.put(slot)
 
 
 def describe(patch: Path) -> str:
     return patch.read_text().splitlines()[0].removeprefix("Mutant: ")
 
 
-def check_mutant(files: list[str], patch: Path) -> dict:
+def check_mutant(slots: Slots, snapshot: Path, patch: Path, args: tuple[str, ...], timeout: float) -> dict:
     start = time.perf_counter()
+    result = {"name": patch.stem, "tests": args, "failed": []}
     try:
-        copy = make_copy(files, patch)
+        run = in_slot(slots, snapshot, patch, args, first_failure=True, timeout=timeout)
     except RuntimeError as error:
-        return {"name": patch.stem, "status": "does not apply", "detail": str(error), "killed_by": []}
-    try:
-        code, failed, summary = run_tests(copy)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    status = "killed" if code != 0 else "SURVIVED"
-    return {"name": patch.stem, "status": status, "killed_by": failed, "detail": summary,
-            "seconds": round(time.perf_counter() - start, 1)}
+        return result | {"status": "does not apply", "detail": str(error), "seconds": 0.0}
+    if run["timed_out"]:
+        status, detail = "killed", f"timed out after {timeout:.0f} s (a hang is noticed too)"
+    elif run["code"] in RUNNER_ERRORS:
+        status, detail = "error", f"pytest exit status {run['code']}: {run['summary']}"
+    else:
+        status, detail = ("killed" if run["code"] else "SURVIVED"), run["summary"]
+    return result | {"status": status, "failed": run["failed"], "detail": detail,
+                     "seconds": round(time.perf_counter() - start, 1)}
 
 
-def killers(result: dict) -> str:
-    """'test_engine_oracle.py: 8 (test_x[scout-llama]), ...' from the failing test ids."""
-    per_file: dict[str, list[str]] = {}
-    for test_id in result["killed_by"]:
-        path, _, name = test_id.partition("::")
-        per_file.setdefault(Path(path).name, []).append(name)
-    return ", ".join(f"{name}: {len(tests)} (`{tests[0]}`)" for name, tests in sorted(per_file.items()))
+def take_snapshot(base: Path) -> Path:
+    """The tree once, for every copy of the run: the baseline and every mutant test the same code, even while
+    someone edits the checkout."""
+    snapshot = base / "snapshot"
+    for name in tracked_files():
+        target = snapshot / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copy2(ROOT / name, target)
+        except FileNotFoundError:  # deleted since it was listed
+            pass
+    return snapshot
+
+
+def report_baseline(tests: tuple[str, ...], run: dict) -> None:
+    print(f"[mutants] baseline {'passes' if run['code'] == 0 else 'FAILS'} in {run['seconds']:.0f} s: "
+          f"{test_files(tests)}: {run['summary']}", flush=True)
+
+
+def report_mutant(result: dict) -> None:
+    outcome = f"first failure {result['failed'][0]}" if result["failed"] else result["detail"]
+    print(f"[mutants] {result['name']}: {result['status']} in {result['seconds']} s; ran "
+          f"{test_files(result['tests'])}; {outcome}", flush=True)
+
+
+def check_all(plan: dict[Path, tuple[str, ...]], runs: list[tuple[str, ...]], jobs: int) -> tuple[list, list]:
+    """The baseline runs, and each mutant as soon as the unmutated runs of its tests have passed, while the other
+    baseline runs go on -> (the mutants' results, the failures of the unmutated copy)."""
+    results, broken = [], []
+    with tempfile.TemporaryDirectory(prefix="scout-mutants-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        snapshot, slots = take_snapshot(Path(tmp)), Slots(Path(tmp), jobs)
+        baseline = {pool.submit(in_slot, slots, snapshot, None, run, first_failure=False, timeout=None): run
+                    for run in runs}
+        passed: dict[tuple[str, ...], float] = {}  # baseline run -> its seconds
+        waiting, mutants = dict(plan), set()
+        try:
+            while (baseline or mutants) and not broken:
+                done, _ = concurrent.futures.wait([*baseline, *mutants],
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    if future in baseline:
+                        tests, run = baseline.pop(future), future.result()
+                        report_baseline(tests, run)
+                        broken += (run["failed"] or [run["summary"]]) if run["code"] else []
+                        passed[tests] = run["seconds"]
+                    else:
+                        mutants.discard(future)
+                        results.append(future.result())
+                        report_mutant(results[-1])
+                for patch, tests in list(waiting.items()):
+                    needed = [run for run in runs if selections(run) & selections(tests)]
+                    if all(run in passed for run in needed):
+                        # Well past what the unmutated runs took: a mutant that hangs is stopped there.
+                        timeout = 120 + 2 * sum(passed[run] for run in needed)
+                        mutants.add(pool.submit(check_mutant, slots, snapshot, patch, tests, timeout))
+                        del waiting[patch]
+        finally:  # done, the unmutated copy failed, or ^C (which does not reach runs in sessions of their own)
+            for future in [*baseline, *mutants]:
+                future.cancel()
+            for process in list(slots.running):
+                kill_session(process)
+    return results, broken
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="copies tested at once (default 2)")
     parser.add_argument("--only", nargs="*", help="mutant names (file stems in tests/mutants)")
+    parser.add_argument("--dry-run", action="store_true", help="print each mutant's files and tests; run nothing")
     args = parser.parse_args(argv)
     patches = sorted(MUTANTS_DIR.glob("*.patch"))
     if args.only:
@@ -122,31 +341,35 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown mutants {sorted(unknown)}; known: {[p.stem for p in patches]}")
         patches = [p for p in patches if p.stem in args.only]
-    files = tracked_files()
-    print(f"[mutants] baseline: the fast tests on an unmutated copy ({len(FAST_TESTS)} files)", flush=True)
-    copy = make_copy(files, None)
-    try:
-        code, failed, summary = run_tests(copy)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    if code != 0:
-        print(f"[mutants] the unmutated copy fails ({summary}): {failed}")
+    plan, unmapped = {}, []
+    for patch in patches:
+        try:
+            plan[patch] = tests_for(patched_files(patch))
+        except LookupError as error:
+            unmapped.append(patch.stem)
+            print(f"[mutants] {patch.stem}: {error}", flush=True)
+    runs = baseline_runs(list(dict.fromkeys(plan.values())))
+    if args.dry_run:
+        for patch, tests in plan.items():
+            print(f"[mutants] {patch.stem}: {' '.join(patched_files(patch))} -> {test_files(tests)}")
+        for run in runs:
+            print(f"[mutants] baseline run: {test_files(run)}")
+    if args.dry_run or unmapped:
+        return 1 if unmapped else 0
+    started = time.perf_counter()
+    print(f"[mutants] baseline: {len(runs)} runs on unmutated copies, each test of every list once", flush=True)
+    results, broken = check_all(plan, runs, max(1, args.jobs))
+    if broken:
+        print(f"[mutants] the unmutated copy fails: {sorted(set(broken))}")
         return 1
-    print(f"[mutants] baseline passes: {summary}", flush=True)
-    results = []
-    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futures = {pool.submit(check_mutant, files, patch): patch for patch in patches}
-        for future in concurrent.futures.as_completed(futures):
-            result = future.result()
-            results.append(result)
-            print(f"[mutants] {result['name']}: {result['status']} ({len(result['killed_by'])} tests, "
-                  f"{result.get('seconds', 0)} s)", flush=True)
-    print("\n| mutant | what it breaks | result | failing tests per file (one of them) |\n|---|---|---|---|")
+    print("\n| mutant | what it breaks | result | first failing test | s |\n|---|---|---|---|---|")
     for result in sorted(results, key=lambda r: r["name"]):
-        patch = MUTANTS_DIR / f"{result['name']}.patch"
-        print(f"| {result['name']} | {describe(patch)} | {result['status']} | {killers(result) or result['detail']} |")
+        shown = ", ".join(f"`{test}`" for test in result["failed"]) or result["detail"]
+        print(f"| {result['name']} | {describe(MUTANTS_DIR / (result['name'] + '.patch'))} | {result['status']} | "
+              f"{shown} | {result['seconds']} |")
     bad = [r["name"] for r in results if r["status"] != "killed"]
-    print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed" + (f"; not killed: {bad}" if bad else ""))
+    print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed" + (f"; not killed: {bad}" if bad else "")
+          + f" ({time.perf_counter() - started:.0f} s)")
     return 1 if bad else 0
 
 

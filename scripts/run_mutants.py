@@ -76,6 +76,7 @@ NATIVE_TESTS = (
     f"--deselect={ISA_BUILDS}",
     "tests/test_native_read_blocks.py",
     "tests/test_cpu_part_workers.py",
+    "tests/test_cpu_worker_discipline.py",  # the pool's items, locks, spinning and parking
     "tests/test_engine.py",
 )
 # The Python CPU worker (dispatch, pools, fallback): its tests, then the engine's.

@@ -36,9 +36,10 @@ bench: $(STAMP)
 bench-accuracy: $(STAMP)
 	$(PY) -P benchmarks/bench_accuracy.py
 
-# On a lent GPU machine (a CUDA torch and Triton already installed; no sglang, no network needed): the CUDA
-# tests, the kernels, host overhead, whole-step graph capture in every mode, decode steps (eager and replayed)
-# and tokens/s at equal device memory -> benchmarks/results/gpu_<device>.{json,md} (about 9 minutes on one H100).
+# On a lent GPU machine (a CUDA torch and Triton already installed; no sglang, no network needed), in one call of
+# at most 8 minutes (--budget-s): the headline first (decode tokens/s at equal device memory at 64k on the whole
+# Qwen3-8B stack), equal batch, host overhead, whole-step graph capture, recall, the CUDA tests, the kernels
+# -> benchmarks/results/gpu_<device>.{json,md,png}, written as each part finishes.
 bench-gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 	python3 -P benchmarks/bench_gpu.py

@@ -1,34 +1,36 @@
-"""`make bench-gpu`: what a lent GPU machine checks and measures, in one call (about 9 minutes on one H100; the
-recall study adds up to 7).
+"""`make bench-gpu`: what a lent GPU machine measures and checks, in one call of at most 8 minutes (--budget-s).
 
 For a machine with a CUDA torch, Triton and the project installed with `pip install --no-deps -e .` (no sglang,
-no network). Each part runs on its own: a part that fails is reported with its error and the others go on.
+no network). The parts run in this order, the headline first; each writes the results as it finishes (a call cut
+short keeps what finished), a part that fails is reported with its error and the others go on, and the parts that
+the time budget leaves no room for say so:
 
-  tests         the CUDA tests of kernels, stages, engine, capture and the CPU-part workers (pytest)
+  headline      decode tokens/s at equal device memory at 64k tokens, on the whole Qwen3-8B stack (36 layers,
+                layer 0 dense: the model's GEMMs, norms, RoPE and MLP around the engine's attention,
+                benchmarks/model_stack/): full attention at the largest batch the device K/V budget holds, scout at
+                the largest batch that budget and the host's free memory hold (the planner's capacity code decides
+                both), graph-replayed, on the heavy-hitter workload; then a projection (labelled) for an 80 GB H100
+                and a 1 TiB host from the measured figures
+  equal_batch   full and scout at 32k and 64k, batches 8, 32, 64 where they fit, on a stack of --equal-batch-layers
+                layers of the same shape: step ms, the GPU's busy share with and without the wait kernel, the wait
+                kernel's ms, the CPU ratio and the CPU part's in-engine GB/s; the other modes at one shape; the flat
+                workload at one shape; the in-engine CPU part against the standalone native kernel at the pool's
+                thread count, on this host in this call
+  host          per layer, eager, attention only: CUDA kernel launches, host ms and host syncs
+  capture       the whole step of every mode captured in one CUDA graph, replayed against an eager engine
+  recall        bench_decode_step's recall study at 32k tokens, batch 32, 4 layers -> recall_<device>.*
+  tests         the CUDA tests of kernels, stages, engine, capture, the CPU-part workers and the model stack
   kernels       benchmarks/bench_kernels.py --quick
-  host          per layer, eager, at the Qwen3-8B attention shape: CUDA kernel launches (the profiler's
-                cudaLaunchKernel / cuLaunchKernel events), host ms, and host syncs
-                (torch.cuda.set_sync_debug_mode("error") over the layer loop), per offloaded and dense layer
-  capture       the whole step of every mode captured in one CUDA graph (torch.cuda.graph, a step of padding
-                rows), replayed for later steps against an eager engine: the largest difference
-  decode        step ms of full and scout (and the other modes at one shape), eager and graph-replayed, at
-                contexts 32k and 64k and batches 8, 32, 64 where they fit; the GPU's busy fraction of a
-                replayed step (kernel time over wall time, from the profiler); scout / full
-  equal memory  decode tokens/s at equal device K/V memory at 64k: full at the largest batch its budget
-                holds, scout at the largest batch the same budget and the host hold (the planner's capacity
-                code decides both), both measured
-  recall        bench_decode_step's recall study at 32k tokens, batch 32, 4 layers: CPU ratio and recall traffic
-                per step, step time with recall (with and without the brake) against recall off, on the
-                heavy-hitter and the flat workload -> benchmarks/results/recall_<device>.{md,json,png}
 
-Results: benchmarks/results/gpu_<device>.{json,md}. The attention stack is the Qwen3-8B shape (Hq 32, Hkv 8,
-D 128, bf16, block 32) with --layers layers (default 8; layer 0 dense), no other model computation: step times
-are attention only. Progress goes to stderr; the last stdout line is one JSON object. No asserts.
+The weights are random and the selection pattern is synthetic (benchmarks/model_stack/workload.py): what is
+measured is the cost of a step, not what a model answers. Results: benchmarks/results/gpu_<device>.{json,md,png};
+the md opens with the headline and a plot of tokens/s against batch at 64k. Progress goes to stderr; the last stdout
+line is one JSON object. No asserts.
 
-    python3 -P benchmarks/bench_gpu.py [--dry-run] [--parts tests,kernels,host,capture,decode,memory,recall]
+    python3 -P benchmarks/bench_gpu.py [--dry-run] [--parts headline,equal_batch,...] [--budget-s 480]
 
 --dry-run runs every part at tiny shapes on whatever device there is (the CPU: Triton's interpreter, no graph
-capture), to check the script itself; its results are not written.
+capture), to check the script itself; nothing is written.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MODES = ("full", "quest", "infinigen", "hgca", "scout")
 NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 32  # Qwen3-8B's attention
-CUDA_TESTS = ("tests/test_kernels_decode.py", "tests/test_kernels_merge.py", "tests/test_kernels_selection.py",
+CUDA_TESTS = ("tests/test_model_stack.py", "tests/test_kernels_decode.py", "tests/test_kernels_merge.py", "tests/test_kernels_selection.py",
               "tests/test_triton_kernels.py", "tests/test_stage_select.py", "tests/test_stage_split.py",
               "tests/test_stage_append.py", "tests/test_stage_recall.py", "tests/test_recall_brake.py", "tests/test_engine.py",
               "tests/test_engine_triton_path.py", "tests/test_step_capture.py", "tests/test_layer_programs.py",
@@ -121,8 +123,9 @@ def layer_loop(eng, inputs, per_layer=None):
 
 
 def sync(setup):
-    if setup.device.type == "cuda":
-        torch.cuda.synchronize()
+    from scout_sglang.core.host_wait import wait_for_device
+
+    wait_for_device(setup.device)  # a blocking-sync event: the host sleeps, the workers keep their cores
 
 
 def part_tests(setup, args) -> dict:
@@ -254,151 +257,34 @@ def part_capture(setup, args) -> dict:
     return out
 
 
-def time_steps(setup, eng, inputs, batch, *, graph=None, steps=5, watch=None) -> float:
-    """Median ms of `steps` steps; `watch` (a CpuPartWatch) sees them."""
-    times = []
-    if watch is not None:
-        watch.start(eng)
-    for _ in range(steps):
-        inputs.refill()
-        sync(setup)
-        start = time.perf_counter()
-        eng.begin_step(list(range(batch)), rows=batch)
-        if graph is None:
-            layer_loop(eng, inputs)
-        else:
-            graph.replay()
-        eng.end_step(read=False)
-        sync(setup)
-        times.append(time.perf_counter() - start)
-    telemetry = eng.collect_telemetry()
-    if watch is not None:
-        watch.stop(eng, telemetry, steps, sum(times))
-    return 1e3 * statistics.median(times)
+def part_headline(setup, args, deadline) -> dict:
+    """Tokens/s at equal device memory on the whole stack (model_stack/parts.py)."""
+    from model_stack.parts import part_headline as headline
+
+    return headline(setup, args, deadline)
 
 
-class CpuPartWatch:
-    """The CPU part of the steps timed, per step: its bytes (K+V of the (block, KV head) pairs on the CPU list), the
-    workers' attend ms and their CPU ms (more than attend: spinning), the device's ms in the wait kernel, and the
-    in-engine GB/s (bytes over the attend time per thread; and over the step)."""
+def part_equal_batch(setup, args, deadline) -> dict:
+    """Full and scout at equal batch on the stack, the other modes at one shape, and the in-engine CPU part against
+    the standalone kernel."""
+    from model_stack.parts import part_equal_batch as equal_batch
 
-    def __init__(self, setup):
-        self.block_bytes = 2 * setup.block * setup.dim * 2  # K and V of one KV head's block, bf16
-        self.figures = {}
-
-    def start(self, eng) -> None:
-        worker = eng.cpu_worker
-        self._busy = getattr(worker, "busy_s", 0.0)
-        self._cpu = getattr(worker, "cpu_s", None)
-
-    def stop(self, eng, telemetry, steps: int, wall_s: float) -> None:
-        worker = eng.cpu_worker
-        if worker is None or telemetry is None:
-            return
-        totals = telemetry.totals()
-        busy = worker.busy_s - self._busy
-        threads = len(worker.threads)
-        nbytes = totals.cpu_blocks * self.block_bytes
-        cpu = None if self._cpu is None else worker.cpu_s - self._cpu
-        self.figures = dict(
-            cpu_part_mb_per_step=round(nbytes / steps / 1e6, 3), worker_threads=threads,
-            attend_ms_per_step=round(1e3 * busy / steps, 3),
-            worker_cpu_ms_per_step=None if cpu is None else round(1e3 * cpu / steps, 3),
-            wait_kernel_ms_per_step=round(1e3 * telemetry.timings.get("cpu_wait", 0.0) / steps, 3),
-            in_engine_gbs=round(nbytes * threads / busy / 1e9, 2) if busy else None,
-            in_engine_gbs_over_step=round(nbytes / wall_s / 1e9, 2) if wall_s else None)
+    out = equal_batch(setup, args, deadline)
+    out["cpu_part"] = cpu_part_against_standalone(setup, out["rows"], out["layers"])
+    return out
 
 
-def busy_fraction(setup, eng, inputs, batch, graph) -> float | None:
-    """Kernel time over wall time of one replayed step (the profiler's CUDA kernels)."""
-    if graph is None or setup.device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    inputs.refill()
-    eng.begin_step(list(range(batch)), rows=batch)
-    sync(setup)
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        graph.replay()
-        sync(setup)
-        wall = time.perf_counter() - start
-    eng.end_step(read=False)
-    kernel_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return round(kernel_us / 1e6 / wall, 3) if wall else None
-
-
-def measure_mode(setup, mode, batch, context) -> dict:
-    eng = engine(setup, mode, batch, context, steps=3 * setup.steps + 8)
-    watch = CpuPartWatch(setup)
-    try:
-        inputs = StepInputs(setup, batch, eng.dtype)
-        eager_ms = time_steps(setup, eng, inputs, batch, steps=setup.steps, watch=watch)
-        row = dict(mode=mode, batch=batch, context=context, eager_step_ms=round(eager_ms, 3))
-        if eng.cores is not None:
-            row["cores"] = eng.cores.as_report()
-        if setup.device.type == "cuda":
-            graph = capture_step(setup, eng, inputs, batch)
-            row["graph_step_ms"] = round(time_steps(setup, eng, inputs, batch, graph=graph, steps=setup.steps,
-                                                    watch=watch), 3)
-            row["gpu_busy_fraction"] = busy_fraction(setup, eng, inputs, batch, graph)
-        if watch.figures:  # the CPU part of the last timed steps (the replayed ones on a GPU)
-            row["cpu_part"] = watch.figures
-        telemetry = eng.collect_telemetry()
-        if telemetry is not None:
-            row["cpu_ratio"] = round(telemetry.totals().cpu_ratio, 4)
-        return row
-    finally:
-        eng.close()
-
-
-def fits(setup, mode, batch, context) -> bool:
-    if setup.dry:
-        return True
-    per_token = 2 * setup.kv * setup.dim * 2 * setup.layers
-    need = batch * context * per_token * (1.0 if mode in ("full", "quest") else 0.1)
-    free, _ = torch.cuda.mem_get_info()
-    return need < 0.7 * free
-
-
-def part_decode(setup, args) -> dict:
-    rows = []
-    for context in setup.contexts:
-        for batch in setup.batches:
-            for mode in (("full", "scout") if (context, batch) != (setup.contexts[0], setup.batches[1 % len(
-                    setup.batches)]) else MODES):
-                if not fits(setup, mode, batch, context):
-                    rows.append(dict(mode=mode, batch=batch, context=context, skipped="does not fit the device"))
-                    continue
-                try:
-                    rows.append(measure_mode(setup, mode, batch, context))
-                except Exception as error:  # noqa: BLE001 - reported
-                    rows.append(dict(mode=mode, batch=batch, context=context, error=f"{type(error).__name__}: {error}"[:400]))
-                log(f"decode: {rows[-1]}")
-    ratios = {}
-    for row in rows:
-        full = next((r for r in rows if r["mode"] == "full" and r["batch"] == row["batch"]
-                     and r["context"] == row["context"] and "eager_step_ms" in r), None)
-        if row["mode"] != "full" and full and "eager_step_ms" in row:
-            key = f"{row['mode']}@{row['context']}x{row['batch']}"
-            ratios[key] = dict(eager=round(row["eager_step_ms"] / full["eager_step_ms"], 3),
-                               graph=round(row["graph_step_ms"] / full["graph_step_ms"], 3)
-                               if "graph_step_ms" in row and "graph_step_ms" in full else None)
-    return dict(rows=rows, step_ratio_to_full=ratios, cpu_part=cpu_part_against_standalone(setup, rows))
-
-
-def cpu_part_against_standalone(setup, rows) -> dict:
+def cpu_part_against_standalone(setup, rows, layers: int) -> dict:
     """The in-engine CPU part's GB/s against the standalone native kernel at the pool's thread count, on this host
     in this call, at the shape of the largest in-engine part measured."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from cpu_attention.standalone import standalone_native_gbs
 
-    parts = [row for row in rows if row.get("cpu_part", {}).get("in_engine_gbs")]
+    parts = [row for row in rows if (row.get("cpu_part") or {}).get("in_engine_gbs")]
     if not parts:
         return dict(note="no in-engine CPU part was measured")
-    biggest = max(parts, key=lambda row: row["cpu_part"]["cpu_part_mb_per_step"])
+    biggest = max(parts, key=lambda row: row["cpu_part"]["mb_per_step"])
     figures = biggest["cpu_part"]
-    pairs = figures["cpu_part_mb_per_step"] * 1e6 / (2 * setup.block * setup.dim * 2) / max(setup.layers - 1, 1)
+    pairs = figures["mb_per_step"] * 1e6 / (2 * setup.block * setup.dim * 2) / max(layers - 1, 1)
     blocks = max(1, round(pairs / (biggest["batch"] * setup.kv)))  # per list, as the engine's lists average
     standalone = standalone_native_gbs(threads=figures["worker_threads"], batch=biggest["batch"],
                                        num_kv_heads=setup.kv, group_size=setup.qo // setup.kv, head_dim=setup.dim,
@@ -409,38 +295,6 @@ def cpu_part_against_standalone(setup, rows) -> dict:
     if standalone.get("gbs"):
         out["in_engine_over_standalone"] = round(figures["in_engine_gbs"] / standalone["gbs"], 3)
     log(f"cpu part: {out}")
-    return out
-
-
-def part_memory(setup, args) -> dict:
-    """Decode tokens/s at equal device K/V memory at 64k (the planner's capacity code picks both batches)."""
-    from scout_sglang.config import ScoutConfig
-    from scout_sglang.plan.capacity import max_batch
-    from scout_sglang.plan.models import load_model
-
-    spec = load_model("Qwen3-8B")
-    context = setup.contexts[-1]
-    budget = (args.kv_budget_gib if not setup.dry else 0.001) * 2**30
-    host = (args.host_budget_gib if not setup.dry else 0.01) * 2**30
-    out = dict(context=context, device_kv_budget_gib=args.kv_budget_gib, host_budget_gib=args.host_budget_gib,
-               model=spec.name, measured_layers=setup.layers)
-    for mode in ("full", "scout"):
-        config = ScoutConfig(mode=mode, block_size=setup.block, token_budget=setup.budget)
-        capacity = max_batch(config, spec, itemsize=2, request_tokens=context + 1024, device_budget=int(budget),
-                             host_budget=int(host))
-        batch = max(1, capacity.max_batch) if not setup.dry else 2
-        entry = dict(planned_batch=capacity.max_batch, limit=capacity.limit, measured_batch=batch)
-        try:
-            row = measure_mode(setup, mode, batch, context)
-            step = row.get("graph_step_ms", row["eager_step_ms"])
-            # The stack measured has setup.layers layers; the model has spec.num_layers: a step scales with them.
-            entry.update(row, tokens_per_s=round(batch / (step * spec.num_layers / setup.layers / 1e3), 1))
-        except Exception as error:  # noqa: BLE001 - reported
-            entry["error"] = f"{type(error).__name__}: {error}"[:400]
-        out[mode] = entry
-        log(f"equal memory {mode}: {entry}")
-    if "tokens_per_s" in out.get("scout", {}) and "tokens_per_s" in out.get("full", {}):
-        out["scout_over_full"] = round(out["scout"]["tokens_per_s"] / out["full"]["tokens_per_s"], 2)
     return out
 
 
@@ -465,51 +319,96 @@ def part_recall(setup, args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])["recall"]
 
 
-PARTS = dict(tests=part_tests, kernels=part_kernels, host=part_host, capture=part_capture, decode=part_decode,
-             memory=part_memory, recall=part_recall)
+PARTS = dict(headline=part_headline, equal_batch=part_equal_batch, host=part_host, capture=part_capture,
+             recall=part_recall, tests=part_tests, kernels=part_kernels)
+# The least time each part needs to be worth starting (seconds of the call left).
+MIN_SECONDS = dict(headline=60, equal_batch=60, host=30, capture=30, recall=120, tests=60, kernels=40)
 
 
 def write_report(result: dict) -> Path:
+    """gpu_<device>.{json,md,png}: the md opens with the headline and its plot, then every part's figures."""
+    from model_stack.headline import write_plot
+
     name = result["device_name"].replace(" ", "_").replace("/", "_").lower()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"gpu_{name}"
     path.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# GPU run: {result['device_name']}", "", "Written by `make bench-gpu` (`benchmarks/bench_gpu.py`); every "
-             f"number from one run of {result['total_s']:.0f} s. Attention stack of the Qwen3-8B shape, "
-             f"{result['layers']} layers (layer 0 dense), bf16; no other model computation.", ""]
-    for part, value in result["parts"].items():
-        lines += [f"## {part}", "", "```", json.dumps(value, indent=1)[:6000], "```", ""]
+    parts = result["parts"]
+    lines = [f"# GPU run: {result['device_name']}", "",
+             "Written by `make bench-gpu` (`benchmarks/bench_gpu.py`), every number from one call of "
+             f"{result['total_s']:.0f} s (budget {result['budget_s']} s). The model is Qwen3-8B's decoder with "
+             "random weights; the attention's selection pattern is synthetic (the heavy-hitter workload, "
+             "`benchmarks/model_stack/workload.py`): a step's cost is measured, not what a model answers.", ""]
+    headline = parts.get("headline")
+    if isinstance(headline, dict) and "full" in headline:
+        lines += headline_text(headline)
+        if not headline.get("error"):
+            write_plot(path.with_suffix(".png"), headline, parts.get("equal_batch"))
+            lines += [f"![tokens/s against batch]({path.with_suffix('.png').name})", ""]
+    for part, value in parts.items():
+        lines += [f"## {part}", "", "```", json.dumps(value, indent=1)[:8000], "```", ""]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return path
+
+
+def headline_text(headline: dict) -> list[str]:
+    rows = []
+    for mode in ("full", "scout"):
+        entry = headline.get(mode, {})
+        rows.append(f"| {mode} | {entry.get('batch', '-')} | {entry.get('limit', '-')} | {entry.get('step_ms', '-')} "
+                    f"| {entry.get('tokens_per_s', '-')} | {entry.get('cpu_ratio', '-')} "
+                    f"| {(entry.get('gpu_busy') or {}).get('wait_kernel_ms', '-')} "
+                    f"| {entry.get('skipped') or entry.get('error') or ''} |")
+    return ["## Headline: decode tokens/s at equal device memory", "",
+            f"{headline['model']}, {headline['layers']} layers (layer 0 dense), {headline['context']} tokens per "
+            f"request; device K/V budget {headline['device_kv_budget_gib']} GiB for both, host K/V budget "
+            f"{headline['host_kv_budget_gib']} GiB for scout; graph-replayed steps. **scout / full: "
+            f"{headline.get('scout_over_full', 'not measured')}** (target: at least 3).", "",
+            "| mode | batch | what limits it | step ms | tokens/s | CPU ratio | wait kernel ms | note |",
+            "|---|---:|---|---:|---:|---:|---:|---|", *rows, ""]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on any device; nothing written")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--budget-s", type=float, default=480.0, help="the whole call's time, seconds (default 8 min)")
+    parser.add_argument("--layers", type=int, default=8, help="layers of the attention-only stack of host, capture")
+    parser.add_argument("--equal-batch-layers", type=int, default=8, help="layers of the equal-batch part's stack")
     parser.add_argument("--tests-timeout", type=int, default=240)
     parser.add_argument("--recall-timeout", type=int, default=420, help="seconds the recall study may take")
-    parser.add_argument("--kv-budget-gib", type=float, default=40.0, help="device K/V budget of the equal-memory run")
-    parser.add_argument("--host-budget-gib", type=float, default=96.0, help="host K/V budget of the equal-memory run")
+    parser.add_argument("--kv-budget-gib", type=float, default=None,
+                        help="device K/V budget of the headline (default: full attention's at 2 requests)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # model_stack, cpu_attention, decode_step
     setup = Setup(args)
     device_name = torch.cuda.get_device_name() if setup.device.type == "cuda" else "cpu"
-    log(f"device {device_name}; parts {args.parts}")
+    log(f"device {device_name}; parts {args.parts}; budget {args.budget_s:.0f} s")
     started = time.perf_counter()
-    result = dict(device_name=device_name, layers=setup.layers, dry_run=setup.dry, torch=torch.__version__, parts={})
+    deadline = started + args.budget_s
+    result = dict(device_name=device_name, layers=setup.layers, dry_run=setup.dry, torch=torch.__version__,
+                  budget_s=args.budget_s, parts={})
     for name in [p for p in args.parts.split(",") if p]:
-        part_started = time.perf_counter()
+        part_started, left = time.perf_counter(), deadline - time.perf_counter()
+        if left < MIN_SECONDS[name] and not setup.dry:
+            result["parts"][name] = dict(skipped=f"{left:.0f} s of the call's budget left, the part needs "
+                                                 f"{MIN_SECONDS[name]}")
+            continue
+        args.tests_timeout = int(min(args.tests_timeout, max(30, left - 10)))
+        args.recall_timeout = int(min(args.recall_timeout, max(60, left - 10)))
         try:
-            result["parts"][name] = PARTS[name](setup, args)
+            part = PARTS[name]
+            result["parts"][name] = part(setup, args, deadline - 20) if name in ("headline", "equal_batch") else \
+                part(setup, args)
         except Exception as error:  # noqa: BLE001 - a part that fails is reported, the others go on
             result["parts"][name] = dict(error=f"{type(error).__name__}: {error}", trace=traceback.format_exc()[-2000:])
         log(f"{name} done in {time.perf_counter() - part_started:.0f} s")
+        result["total_s"] = time.perf_counter() - started
+        if not setup.dry:  # each part's results as it finishes: a call cut short keeps them
+            log(f"wrote {write_report(result)}.{{json,md}}")
     result["total_s"] = time.perf_counter() - started
-    if not setup.dry:
-        log(f"wrote {write_report(result)}.{{json,md}}")
     print(json.dumps(dict(device=device_name, total_s=round(result["total_s"], 1),
                           parts={k: ("error" not in v) if isinstance(v, dict) else True
                                  for k, v in result["parts"].items()})))

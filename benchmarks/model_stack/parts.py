@@ -1,0 +1,163 @@
+"""The GPU benchmark's parts on the model stack: the headline (tokens/s at equal device memory) and equal batch.
+
+Each returns a dict for the report and stops starting new measurements when the call's deadline comes near
+(`deadline`: a time.perf_counter() value); what did not run says why.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .headline import headline_budgets, host_free_bytes, model_spec, planned_batch, projection
+from .qwen3 import TINY, Qwen3Shape
+from .run import StackRun
+
+GIB = 2**30
+
+
+def stack_shape(setup, layers: int | None = None) -> Qwen3Shape:
+    """Qwen3-8B's layer (or the dry run's tiny one) with `layers` layers (default: the model's 36)."""
+    if setup.dry:
+        return TINY
+    spec = model_spec()
+    return Qwen3Shape(num_layers=layers or spec.num_layers, hidden_size=spec.hidden_size,
+                      intermediate_size=spec.intermediate_size, num_qo_heads=spec.num_qo_heads,
+                      num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+
+
+def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=None, kernel_impl=None) -> dict:
+    """Build, prefill, capture and time one configuration -> its row (or its error)."""
+    steps = steps or setup.steps
+    started = time.perf_counter()
+    run = None
+    try:
+        run = StackRun(shape, mode=mode, batch=batch, context=context, steps=steps + 3, workload=workload,
+                       block_size=setup.block, token_budget=setup.budget, device=setup.device,
+                       kernel_impl=kernel_impl or ("triton" if setup.dry else None))
+        run.capture()
+        row = run.measure(steps)
+        row["gpu_busy"] = busy_without_wait(run) if run.graph is not None else None
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        return row
+    except Exception as error:  # noqa: BLE001 - reported in the row, the part goes on
+        return dict(mode=mode, batch=batch, context=context, error=f"{type(error).__name__}: {error}"[:400])
+    finally:
+        if run is not None:
+            run.close()
+
+
+def busy_without_wait(run) -> dict | None:
+    """The GPU's kernel time over one replayed step's wall time, with and without the wait kernel (the device
+    waiting for the CPU part), from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run._next_inputs()
+    run.engine.begin_step(list(range(run.batch)), rows=run.batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        run.graph.replay()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    run.engine.end_step(read=False)
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in kernels) / 1e6
+    wait = sum(e.self_device_time_total for e in kernels if "wait" in e.key.lower()) / 1e6
+    return dict(busy=round(total / wall, 3), busy_without_wait=round((total - wait) / wall, 3),
+                wait_kernel_ms=round(1e3 * wait, 3)) if wall else None
+
+
+def part_headline(setup, args, deadline: float) -> dict:
+    """Tokens/s at equal device memory at the longest context: full at the largest batch the device budget holds,
+    scout at the largest the same budget and the host hold, both measured on the whole stack."""
+    context = setup.contexts[-1]
+    if setup.dry:
+        budgets = dict(request_tokens=context + 16, device_budget_bytes=2 * (context + 16) * 2 * TINY.num_layers *
+                       TINY.num_kv_heads * TINY.head_dim * 4, host_budget_bytes=2**26)
+        batches = {"full": (2, "dry run"), "scout": (3, "dry run")}
+    else:
+        budgets = headline_budgets(context=context, host_free_bytes=host_free_bytes(),
+                                   device_budget_bytes=int(args.kv_budget_gib * GIB) if args.kv_budget_gib else None)
+        batches = {mode: (capacity.max_batch, capacity.limit) for mode in ("full", "scout")
+                   for capacity in [planned_batch(mode, budgets, context=context)]}
+    out = dict(context=context, model="Qwen3-8B" if not setup.dry else "tiny", layers=stack_shape(setup).num_layers,
+               device_kv_budget_gib=round(budgets["device_budget_bytes"] / GIB, 2),
+               host_kv_budget_gib=round(budgets["host_budget_bytes"] / GIB, 1),
+               weights="random (bf16)", selection="synthetic: the heavy-hitter workload")
+    for mode in ("full", "scout"):
+        batch, limit = batches[mode]
+        if batch < 1:
+            out[mode] = dict(batch=0, limit=limit, skipped="not even one request fits")
+            continue
+        if time.perf_counter() > deadline:
+            out[mode] = dict(batch=batch, limit=limit, skipped="the call's time budget ran out")
+            continue
+        out[mode] = dict(batch=batch, limit=limit) | run_config(setup, stack_shape(setup), mode, batch, context)
+    full, scout = out.get("full", {}), out.get("scout", {})
+    if "tokens_per_s" in full and "tokens_per_s" in scout:
+        out["scout_over_full"] = round(scout["tokens_per_s"] / full["tokens_per_s"], 2)
+    if not setup.dry:
+        out["projection"] = projections(setup, scout, budgets, context)
+    return out
+
+
+def projections(setup, scout: dict, budgets: dict, context: int) -> dict:
+    """The planner's step model (a projection), fed the measured CPU part's in-engine rate and change rate: for
+    this box (to set against the measurement) and for a whole 80 GB H100 with a 1 TiB host."""
+    measured_gbs = (scout.get("cpu_part") or {}).get("in_engine_gbs")
+    change = scout.get("change_rate")
+    gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100"
+    out = dict(label="projection: the planner's step model (scout_sglang.plan) with the measured in-engine CPU GB/s "
+                     f"({measured_gbs}) and change rate ({change}), not a measurement")
+    try:
+        out["this_box"] = projection(gpu, host_gib=budgets["host_budget_bytes"] / 0.9 / GIB, gpu_memory_gib=None,
+                                     cpu_gbs=measured_gbs, change_rate=change, context=context)
+        out["h100_80gb_1tib_host"] = projection("H100", host_gib=1024, gpu_memory_gib=None, cpu_gbs=measured_gbs,
+                                                change_rate=change, context=context)
+    except Exception as error:  # noqa: BLE001 - reported
+        out["error"] = f"{type(error).__name__}: {error}"[:400]
+    return out
+
+
+def fits(setup, mode: str, shape, batch: int, context: int) -> tuple[bool, str]:
+    """Whether a configuration's K/V fits: full's on the device beside the weights, scout's store in the host."""
+    if setup.dry:
+        return True, ""
+    per_token = 2 * shape.num_kv_heads * shape.head_dim * 2  # K and V of one layer, bf16
+    weights = shape.num_layers * shape.weight_bytes()
+    if mode in ("full", "quest"):
+        need, free = batch * context * per_token * shape.num_layers + weights, torch.cuda.mem_get_info()[0]
+        return need < 0.85 * free, f"{need / GIB:.0f} GiB of device memory, {free / GIB:.0f} free"
+    need, free = batch * context * per_token * (shape.num_layers - 1), host_free_bytes()
+    return need < 0.8 * free, f"{need / GIB:.0f} GiB of host memory, {free / GIB:.0f} free"
+
+
+def part_equal_batch(setup, args, deadline: float) -> dict:
+    """Scout and full at each context and batch that fits, on a stack of `--equal-batch-layers` layers of Qwen3-8B's
+    shape (its per-layer costs: 36 layers at batch 32 would need 150 GB of K/V); the other three modes at one
+    shape; the flat workload (the stress case) for scout at one shape."""
+    shape = stack_shape(setup, args.equal_batch_layers)
+    configs = [(mode, batch, context, "heavy") for context in setup.contexts for batch in setup.batches
+               for mode in ("full", "scout")]
+    configs += [(mode, setup.batches[0], setup.contexts[0], "heavy") for mode in ("quest", "infinigen", "hgca")]
+    configs += [("scout", setup.batches[0], setup.contexts[0], "flat")]
+    rows = []
+    for mode, batch, context, workload in configs:
+        ok, why = fits(setup, mode, shape, batch, context)
+        if not ok:
+            rows.append(dict(mode=mode, batch=batch, context=context, workload=workload, skipped=f"does not fit: {why}"))
+            continue
+        if time.perf_counter() > deadline:
+            rows.append(dict(mode=mode, batch=batch, context=context, workload=workload,
+                             skipped="the call's time budget ran out"))
+            continue
+        rows.append(run_config(setup, shape, mode, batch, context, workload=workload))
+    ratios = {}
+    for row in rows:
+        full = next((r for r in rows if r.get("mode") == "full" and r.get("batch") == row.get("batch")
+                     and r.get("context") == row.get("context") and "step_ms" in r), None)
+        if row.get("mode") != "full" and full and "step_ms" in row and row.get("workload") == "heavy":
+            ratios[f"{row['mode']}@{row['context']}x{row['batch']}"] = round(row["step_ms"] / full["step_ms"], 3)
+    return dict(layers=shape.num_layers, rows=rows, step_ratio_to_full=ratios)

@@ -21,6 +21,8 @@ Writes benchmarks/results/capacity.{json,md,png}:
 
     python -P benchmarks/bench_capacity.py                 # CPU default: 36 layers, budget 4096, 9 x (3900 + 128)-token requests
     python -P benchmarks/bench_capacity.py --device cuda --model-path DIR --input-len 32000 ...
+    python -P benchmarks/bench_capacity.py --device cuda --dtype bfloat16 --build qwen3-8b --budget 133120 \
+        --input-len 65536 --output-len 256 --num-prompts 12  # a GPU box with SGLang: the headline's comparison
 """
 
 from __future__ import annotations
@@ -311,7 +313,10 @@ def plot(rows, args) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-path", help="a model directory (default: a random-weight tiny Llama built here)")
+    parser.add_argument("--model-path", help="a model directory (default: a random-weight model built here, --build)")
+    parser.add_argument("--build", choices=("tiny-llama", "qwen3-8b"), default="tiny-llama",
+                        help="the model built when no --model-path is given: a tiny Llama of --num-layers layers (the "
+                             "CPU default), or Qwen3-8B's shape with random bf16 weights (a GPU box: no download)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--budget", type=int, default=4096, help="device K/V token slots of the stock server")
@@ -335,8 +340,18 @@ def main(argv=None) -> int:
         if model_path is None:
             from scout_sglang.hf.tiny_models import save_tiny_model
 
-            model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=args.num_layers, hidden=64,
-                                             num_heads=4, num_kv_heads=2, head_dim=16, max_positions=16384))
+            positions = max(16384, args.input_len + args.output_len + 64)
+            if args.build == "qwen3-8b":  # Qwen3-8B's config.json shape, random weights made on the GPU
+                import torch
+
+                log("building a random-weight Qwen3-8B-shaped checkpoint (16 GB) in place")
+                model_path = str(save_tiny_model(workdir / "model", "qwen3", num_layers=36, hidden=4096,
+                                                 intermediate=12288, num_heads=32, num_kv_heads=8, head_dim=128,
+                                                 max_positions=positions, dtype=torch.bfloat16,
+                                                 device="cuda" if torch.cuda.is_available() else None))
+            else:
+                model_path = str(save_tiny_model(workdir / "model", "llama", num_layers=args.num_layers, hidden=64,
+                                                 num_heads=4, num_kv_heads=2, head_dim=16, max_positions=positions))
         from transformers import AutoConfig
 
         from scout_sglang.env import config_from_env

@@ -7,12 +7,15 @@ import torch
 
 def tiny_model(arch: str = "llama", *, num_layers: int = 3, hidden: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
                head_dim: int = 16, vocab: int = 128, max_positions: int = 4096, seed: int = 0,
-               init_std: float = 0.2, dtype=torch.float32):
+               init_std: float = 0.2, dtype=torch.float32, intermediate: int | None = None, device=None):
     """A random-weight model in eval mode. A large `init_std` gives peaked logits,
-    so greedy decoding has no near-ties for rounding to flip."""
+    so greedy decoding has no near-ties for rounding to flip. `intermediate`: the MLP's width (default 2 x
+    hidden); `device`: where the weights are made (a GPU makes a full-size model's random weights in seconds and
+    in `dtype` from the start, not in fp32 in host memory first)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                  num_hidden_layers=num_layers,
                   num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim,
                   max_position_embeddings=max_positions, initializer_range=init_std, tie_word_embeddings=False)
     if arch == "llama":
@@ -22,7 +25,16 @@ def tiny_model(arch: str = "llama", *, num_layers: int = 3, hidden: int = 64, nu
     else:
         raise ValueError(f"arch must be 'llama' or 'qwen3', got {arch!r}")
     torch.manual_seed(seed)
-    model = model_class(config).to(dtype)
+    if device is None:
+        model = model_class(config).to(dtype)
+    else:
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                model = model_class(config)
+        finally:
+            torch.set_default_dtype(default)
     return model.eval()
 
 

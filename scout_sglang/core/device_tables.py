@@ -106,21 +106,23 @@ class StepTables:
         self.read = {name: torch.zeros(max_rows, dtype=torch.int32, device=device) for name in self.READS
                      if self.READS[name][0] in tables}
 
-    def apply(self, views: dict, rows: int, widths: dict[str, int], token_slots: torch.Tensor | None) -> dict:
+    def apply(self, views: dict, rows: int, widths: dict[str, int], token_slots: torch.Tensor | None,
+              batch_size: int) -> dict:
         """The plan's changes into the device tables, then the step's views: `<name>_table` [rows, width] and the
-        pages the step writes ([rows] each)."""
+        pages the step writes ([rows] each). token_slots: the requests' (the first batch_size rows; a captured
+        graph's padding rows past them start no block)."""
         out = {}
-        index, values = self.index[:rows], self.values[:rows]
-        if token_slots is not None and rows:
-            torch.div(token_slots[:rows], self.block_size, rounding_mode="floor", out=self.slot_pages[:rows])
-            values.copy_(self.slot_pages[:rows])
+        index, values, n = self.index[:rows], self.values[:batch_size], batch_size
+        if token_slots is not None and n:
+            torch.div(token_slots[:n], self.block_size, rounding_mode="floor", out=self.slot_pages[:n])
+            values.copy_(self.slot_pages[:n])
         for name, table in self.tables.items():
             delta = views[f"{name}_delta"]
             index.copy_(delta[:, 0])
             table.flat.index_put_((index,), delta[:, 1])
-            if token_slots is not None and rows and f"{name}_started" in views:
-                index.copy_(views[f"{name}_started"])
-                table.flat.index_put_((index,), values)
+            if token_slots is not None and n and f"{name}_started" in views:
+                index[:n].copy_(views[f"{name}_started"][:n])
+                table.flat.index_put_((index[:n],), values)
             torch.index_select(table.table, 0, views["slots"], out=table.step_table[:rows])
             out[f"{name}_table"] = table.step_table[:rows, : widths[name]]
         for name, (table_name, cells) in self.READS.items():

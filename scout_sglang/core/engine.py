@@ -500,7 +500,8 @@ class CoAttentionEngine:
         size = self.block_size
         widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
                   "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0)}
-        views |= self.step_tables.apply(views, rows, widths, token_slots if any(self._started.values()) else None)
+        views |= self.step_tables.apply(views, rows, widths, token_slots if any(self._started.values()) else None,
+                                        len(batch))
         self._slots_long[:rows].copy_(views["slots"])
         heads = self.shape.num_kv_heads
         plan = StepPlan(batch_size=len(batch), rows=rows, rids=[s.rid for s in batch], seq=self._seq, bypass=bypass,

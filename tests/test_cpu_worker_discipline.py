@@ -151,3 +151,24 @@ def test_the_drop_fault_reports_ok_with_empty_results(kind):
         assert (part.out_o == 0).all() and torch.isinf(part.out_lse).all() and (part.out_lse < 0).all()
     finally:
         worker.shutdown()
+
+
+def test_a_part_a_host_rings_right_after_the_last_is_never_missed():
+    """The CPU device's rhythm: each ring (words, then kick) right after the previous part's DONE, while the threads
+    are on their way to park. A thread that checked for work before the ring and parks after the kick would sleep
+    through it (a lost wake-up: the part then waits for its deadline). 2000 rings in a row, every one done at
+    once."""
+    pool = NativeWorkerPool(threads=2, grace_s=0.0, min_item_blocks=1)
+    try:
+        part = part_of(torch.randint(1, 4, (2, HEADS)))
+        pool.register_layer(0, part)
+        slow = 0
+        for seq in range(1, 2001):
+            ring_by_device(part, seq)
+            pool.kick()
+            started = time.monotonic()
+            assert pool.wait_done(0, seq, timeout_s=5.0) == STATUS_OK
+            slow += time.monotonic() - started > 0.2
+        assert slow == 0, f"{slow} of 2000 parts waited for a thread to wake"
+    finally:
+        pool.shutdown()

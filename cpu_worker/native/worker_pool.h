@@ -329,11 +329,12 @@ class WorkerPool {
     cv_.notify_all();
   }
 
-  // Sleep until the next wake (kick, publish, registration, stop), or for at most `nap` when nap > 0.
-  void park(std::chrono::milliseconds nap) {
+  // Sleep until a wake (kick, publish, registration, stop) later than `epoch`, the wake count read before the
+  // thread last looked for work: a ring between that look and this call is not slept through (its kick or
+  // publish counted a wake already). nap > 0: at most that long.
+  void park(uint64_t epoch, std::chrono::milliseconds nap) {
     std::unique_lock<std::mutex> lock(mu_);
     count_lock();
-    const uint64_t epoch = wake_epoch_.load();
     parked_.fetch_add(1);
     if (!stop_.load() && wake_epoch_.load() == epoch) {
       if (nap.count() > 0) {
@@ -361,6 +362,7 @@ class WorkerPool {
     int64_t version = -1;
     int64_t last_work = now_ns();
     while (!stop_.load()) {
+      const uint64_t epoch = wake_epoch_.load();  // before looking for work: park() sleeps only if no wake since
       if (scan_version_.load() != version) {
         std::lock_guard<std::mutex> lock(mu_);
         count_lock();
@@ -382,11 +384,11 @@ class WorkerPool {
       }
       if (std::any_of(scan.begin(), scan.end(), [](const LayerPart* L) { return awaited(*L); })) {
         if (id != 0 && !published_.load()) {
-          park(std::chrono::milliseconds(0));  // thread 0 watches for the step's first ring
+          park(epoch, std::chrono::milliseconds(0));  // thread 0 watches for the step's first ring
         } else if (now - progress_ns_.load() < stall_ns_) {
           _mm_pause();  // inside a step: the next ring comes without a host call
         } else {
-          park(std::chrono::milliseconds(1));  // rings that do not come: doze, still catching a late one
+          park(epoch, std::chrono::milliseconds(1));  // rings that do not come: doze, still catching a late one
         }
         continue;
       }
@@ -394,7 +396,7 @@ class WorkerPool {
         _mm_pause();
         continue;
       }
-      park(std::chrono::milliseconds(0));
+      park(epoch, std::chrono::milliseconds(0));
     }
     end_thread(id);
   }

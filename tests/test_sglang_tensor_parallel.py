@@ -68,7 +68,8 @@ def test_two_ranks_decode_like_one_at_a_covering_budget_and_report_each_rank(qwe
     # each rank's CPU worker threads run on CPUs of their own (read back from the OS)
     cpus = [set(rank["cpu_worker"]["cpus"]) for rank in ranks]
     assert all(cpus) and not cpus[0] & cpus[1]
-    assert single["cpu_worker"]["cpus"] == process_cpus()
+    # one rank alone: its worker thread (SCOUT_CPU_GROUPS=1) pinned to one core of the process's, as the plan says
+    assert len(single["cpu_worker"]["cpus"]) == 1 and set(single["cpu_worker"]["cpus"]) <= set(process_cpus())
     # the core plan says what it did: each rank's bound CPUs are all it has here, so its workers share them
     assert all(r["cores"]["shared"] and r["cores"]["worker_cpus"] == r["cores"]["host_cpus"] for r in ranks)
     assert single["cores"]["shared"] and "not bound" in single["cores"]["why"]

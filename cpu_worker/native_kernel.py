@@ -7,13 +7,18 @@ translation unit.
 The fast path of the CPU part: built on first use with torch's cpp_extension
 for this host (-O3 -march=native), once per process under a lock, and cached
 on disk: in <SCOUT_NATIVE_BUILD_DIR>/<name> when that is set (read by
-scout_sglang.env), else in torch's extension cache. A build that fails (no
+scout_sglang.env), else in torch's extension cache. Processes that build the
+same name take turns under an flock, which dies with its holder: a build that
+was killed mid-way (its torch `lock` file left behind, on which torch would
+wait forever) is cleared by the next builder. A build that fails (no
 compiler, compile error) is reported once through logging and leaves the torch
 path (torch_kernel.py) to serve; a bad SCOUT_NATIVE_BUILD_DIR is an error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -86,16 +91,45 @@ def build_native(
     try:
         from torch.utils.cpp_extension import load
 
-        directory = None
-        if build_dir is not None:
-            directory = Path(build_dir) / name
-            directory.mkdir(parents=True, exist_ok=True)
-        module = load(name=name, sources=[str(s) for s in sources], extra_cflags=list(extra_cflags), verbose=False,
-                      build_directory=None if directory is None else str(directory))
+        directory = _build_directory(name, build_dir)
+        with _exclusive_build(directory):
+            module = load(name=name, sources=[str(s) for s in sources], extra_cflags=list(extra_cflags),
+                          verbose=False, build_directory=str(directory))
     except Exception as exc:  # noqa: BLE001 - any build failure means "use the torch path"
         first_line = (str(exc).strip().splitlines() or [""])[0]
         return NativeBuild(module=None, name=name, error=f"{type(exc).__name__}: {first_line[:500]}")
     return NativeBuild(module=module, name=name)
+
+
+def _build_directory(name: str, build_dir: Path | None) -> Path:
+    if build_dir is None:
+        from torch.utils.cpp_extension import _get_build_directory  # torch's cache root, with its rules
+
+        return Path(_get_build_directory(name, False))
+    directory = Path(build_dir) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@contextlib.contextmanager
+def _exclusive_build(directory: Path):
+    """Hold the build of `directory` against other processes; clear a killed build's torch lock.
+
+    torch marks a build in progress with a `lock` file and makes every other loader wait while it exists,
+    so a build killed mid-way (a server stopped during its first start, a timed-out job) would hang every
+    later start. The flock taken here is released by the kernel when its holder dies: whoever holds it is
+    the only builder, and a `lock` file it finds is a dead build's.
+    """
+    with open(directory / "scout-build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = directory / "lock"
+        if stale.exists():
+            logger.warning("removing %s left by a build that did not finish", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @functools.cache

@@ -10,6 +10,7 @@ group size and block size, all covered here.
 import itertools
 import logging
 import platform
+import threading
 
 import pytest
 import torch
@@ -263,6 +264,23 @@ def test_build_failure_is_returned_not_raised(tmp_path):
     broken.write_text("this is not C++\n")
     build = build_native(name="scout_cpu_attention_broken_test", sources=(broken,))
     assert build.module is None and build.error
+
+
+def test_a_killed_builds_lock_does_not_hang_the_next_build(tmp_path):
+    """torch waits for as long as a `lock` file exists in the build folder; one left by a killed build hung a
+    whole CI run. The next builder holds the flock, so it knows the lock is dead and clears it."""
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    name = "scout_stale_lock_test"
+    (tmp_path / "builds" / name).mkdir(parents=True)
+    (tmp_path / "builds" / name / "lock").touch()
+    outcome = []
+    builder = threading.Thread(target=lambda: outcome.append(
+        build_native(name=name, sources=(broken,), build_dir=tmp_path / "builds")), daemon=True)
+    builder.start()
+    builder.join(timeout=60)
+    assert outcome, "the build waited on the lock of a build that no longer runs"
+    assert outcome[0].module is None and "Error" in outcome[0].error
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import sys
 import threading
 import time
@@ -46,7 +47,9 @@ class PythonLineCounter:
     of Triton's launches (the counting's own code). With skip_launches, nothing
     inside a Triton kernel launch is counted either: the launcher's own Python is the launch (counted as one by
     op_counter.LaunchCounter, and absent from a replayed CUDA graph), and in Triton's interpreter the kernel's
-    body runs as Python that a GPU runs as device code.
+    body runs as Python that a GPU runs as device code. The cyclic garbage collector is paused while counting: a
+    collection that happens to fall in the window runs the finalizers of other objects (an engine closed
+    earlier), whose lines are not the counted work's.
     """
 
     IGNORED_FILES = frozenset((threading.__file__, op_counter.__file__))  # op_counter: the launch wrapper
@@ -57,6 +60,7 @@ class PythonLineCounter:
         self._run_launches = run_launches  # False: the launches are not run (op_counter.LaunchCounter says why)
         self._inside = 0  # > 0 inside a Triton launch
         self._patched = []
+        self._gc_was_enabled = False
 
     def _trace(self, frame, event, arg):
         if event == "call" and frame.f_code.co_filename in self.IGNORED_FILES:
@@ -71,11 +75,15 @@ class PythonLineCounter:
                                "PythonLineCounter cannot count under it")
         if self._skip_launches:
             self._patched = wrap_triton_launches(self, run=self._run_launches)
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
         sys.settrace(self._trace)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(None)
+        if self._gc_was_enabled:
+            gc.enable()
         unwrap_triton_launches(self._patched)
         return False
 

@@ -31,6 +31,7 @@ CUDA_ORDER = {
     "append_token": ("triton", "torch"),
     "bring_in": ("triton", "torch"),
     "cpu_part": ("triton", "torch"),
+    "estimate": ("triton", "torch"),
 }
 
 

@@ -10,7 +10,8 @@ blocks completed, not the batch.
 
 A token completes its block when its offset is S - 1. Then:
 - digests: the block's min and max of K per channel go to row digest_rows[b] (the block's host page for an
-  offloaded layer, its own page for quest's device-full layers): reference.block_digests of the page;
+  offloaded layer, its own page for quest's device-full layers): reference.block_digests of the page; with the
+  estimate on, its mean value to the same row of value_mean;
 - host copy (offloaded layers): the block's K and V go to page host_rows[b] of the host store. The block
   stays in the local window long after, so nothing reads that page before this write.
 """
@@ -27,7 +28,7 @@ from scout_sglang.kernels.dispatch import select_impl
 def append_token(k_new: torch.Tensor, v_new: torch.Tensor, k_store: torch.Tensor, v_store: torch.Tensor,
                  pages: torch.Tensor, offsets: torch.Tensor, *, digest_min: torch.Tensor | None = None,
                  digest_max: torch.Tensor | None = None, digest_rows: torch.Tensor | None = None,
-                 host_k: torch.Tensor | None = None, host_v: torch.Tensor | None = None,
+                 value_mean: torch.Tensor | None = None, host_k: torch.Tensor | None = None, host_v: torch.Tensor | None = None,
                  host_rows: torch.Tensor | None = None, host_scratch: int = 0, impl: str | None = None,
                  validate: bool = True) -> None:
     """Append one token per request.
@@ -38,25 +39,27 @@ def append_token(k_new: torch.Tensor, v_new: torch.Tensor, k_store: torch.Tensor
     k_store, v_store : [P, Hkv, S, D] paged device store
     pages, offsets : [B] int32 page and position of each request's token (padding rows: a scratch page)
     digest_min, digest_max, digest_rows : optional digests [R, Hkv, D] (store dtype) and [B] int32 rows
+    value_mean : optional [R, Hkv, D] (store dtype), with the digests: a completed block's mean value
     host_k, host_v, host_rows, host_scratch : optional host store [H, Hkv, S, D] (page-locked on CUDA), [B] int32
         pages, and the scratch page that host_rows names for the rows whose token completes nothing
     validate : check the arguments (the decode step checks its static buffers once and passes False)
     """
     if validate:
-        _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_max, digest_rows, host_k, host_v,
-               host_rows)
+        _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_max, digest_rows, value_mean, host_k,
+               host_v, host_rows)
     if select_impl("append_token", k_store.device.type, impl) == "triton":
         from scout_sglang.kernels.triton.stage_append import append_token_triton
 
         append_token_triton(k_new, v_new, k_store, v_store, pages, offsets, digest_min=digest_min,
-                            digest_max=digest_max, digest_rows=digest_rows, host_k=host_k, host_v=host_v,
-                            host_rows=host_rows)
+                            digest_max=digest_max, digest_rows=digest_rows, value_mean=value_mean, host_k=host_k,
+                            host_v=host_v, host_rows=host_rows)
         return
     page, offset = pages.long(), offsets.long()
     k_store[page, :, offset] = k_new.to(k_store.dtype)
     v_store[page, :, offset] = v_new.to(v_store.dtype)
     if digest_min is not None:  # every row: the rows that complete nothing write to a scratch row nobody reads
-        digests_into(k_store, pages, digest_min, digest_max, "torch", rows=digest_rows)
+        digests_into(k_store, pages, digest_min, digest_max, "torch", rows=digest_rows,
+                     v_cache=None if value_mean is None else v_store, value_mean=value_mean)
     if host_k is not None:
         num_kv_heads = k_store.shape[1]
         head = torch.arange(num_kv_heads, device=page.device).view(1, -1)
@@ -72,8 +75,8 @@ def append_token(k_new: torch.Tensor, v_new: torch.Tensor, k_store: torch.Tensor
                 target.flatten(0, 1).index_copy_(0, dst.to(target.device), rows)
 
 
-def _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_max, digest_rows, host_k, host_v,
-           host_rows):
+def _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_max, digest_rows, value_mean, host_k,
+           host_v, host_rows):
     check_paged_cache(k_store, v_store)
     device = k_store.device
     _, num_kv_heads, _, head_dim = k_store.shape
@@ -91,8 +94,12 @@ def _check(k_new, v_new, k_store, v_store, pages, offsets, digest_min, digest_ma
                 raise ValueError(f"{name} must have {batch_size} entries, got {t.shape[0]}")
     if (digest_min is None) != (digest_rows is None) or (digest_min is None) != (digest_max is None):
         raise ValueError("digest_min, digest_max and digest_rows go together")
+    if value_mean is not None and digest_min is None:
+        raise ValueError("value_mean is written with the digests: pass digest_min, digest_max and digest_rows too")
     if digest_min is not None:
-        for name, t in (("digest_min", digest_min), ("digest_max", digest_max)):
+        for name, t in (("digest_min", digest_min), ("digest_max", digest_max), ("value_mean", value_mean)):
+            if t is None:
+                continue
             check_tensor(name, t, ndim=3, dtypes=(k_store.dtype,), device=device)
             if t.shape[1:] != (num_kv_heads, head_dim):
                 raise ValueError(f"{name} must be [rows, {num_kv_heads}, {head_dim}], got {tuple(t.shape)}")

@@ -55,6 +55,10 @@ class ScoutConfig:
     recall_link_gbps: float = 25.0  # host-to-device bandwidth the cap assumes, GB/s (PCIe 4.0 x16 ~25, 5.0 ~50)
     recall_link_share: float = 0.1  # share of a step's time that recall traffic may take on that link
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
+    # Sparse modes: the full blocks a layer attends neither on the device nor on the CPU enter as one more partial
+    # attention, each block weighed by its size and its key digest's midpoint and read as its mean value, merged by
+    # LSE (docs/algorithm.md). Costs one vector per block and KV head on the device (the mean value).
+    estimate: bool = False
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
     kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device

@@ -41,6 +41,7 @@ MUTANTS_DIR = ROOT / "tests" / "mutants"
 # first: a run stops at its first failure, and they take seconds where the engine's take a minute.
 FAST_TESTS = (
     "tests/test_kernels_merge.py",
+    "tests/test_kernels_estimate.py",
     "tests/test_kernels_selection.py",
     "tests/test_stage_append.py",
     "tests/test_stage_split.py",
@@ -59,6 +60,7 @@ FAST_TESTS = (
 # eager one (both Triton: a wrong kernel is wrong in both) and take 4-15 minutes here.
 TRITON_TESTS = (
     "tests/test_kernels_cpu_part.py",  # handoff.py: the merge with the worker's part or the fallback's
+    "tests/test_kernels_estimate.py",  # estimate.py: the estimate, merged with the device part and the CPU part
     "tests/test_stage_append.py",  # stage_append.py
     "tests/test_stage_split.py",  # stage_split.py, lists.py
     "tests/test_kernels_triton_dispatch.py",  # the host wrappers' calls of decode, digest, selection, merge

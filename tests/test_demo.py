@@ -1,6 +1,6 @@
 """The README main job (scout_sglang.demo): a real scout server on the bundled
-retrieval model answers through the OpenAI API and reports the co-attention
-statistics."""
+suite model answers through the OpenAI API and reports the co-attention
+statistics, its predicted-query cosine among them."""
 
 import json
 
@@ -9,24 +9,30 @@ from support import requires_sglang
 
 from scout_sglang import demo
 from scout_sglang.env import config_from_env
-from scout_sglang.retrieval.evaluate import engine_correct, load_model
+from scout_sglang.retrieval import tasks
+from scout_sglang.retrieval.evaluate import bundled_model_dir, engine_correct, load_model
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 
 
 def test_the_main_job_serves_answers_and_reports_co_attention(capsys):
     assert demo.main(["--contexts", "512", "1024", "--budget", "128"]) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out
+    report = json.loads(printed.strip().splitlines()[-1])
     answers = report["answers"]
     assert len(answers) == 3 and answers[-1]["streamed"]
     assert answers[-1]["answer"] == answers[0]["answer"]  # streamed == not streamed (greedy)
-    for item in answers:
-        assert item["correct"] == (item["answer"].split()[:3] == item["expected"].split())
+    samples = demo.demo_samples([512, 1024])
+    assert [item["task"] for item in answers] == ["niah", "values", "niah"]  # the suite's tasks in turn
+    for item, sample in zip(answers, [*samples, samples[0]]):  # sets in any order
+        assert item["correct"] == sample.is_correct([tasks.TOKEN_ID.get(w, -1) for w in item["answer"].split()])
     # Right and wrong exactly where the engine's reference decoder is, in the same mode and budget.
-    model = load_model()
+    model = load_model(bundled_model_dir("ruler-llama"))
     config = config_from_env({"SCOUT_CONFIG": "tiny", "SCOUT_TOKEN_BUDGET": "128", "SCOUT_CPU_GROUPS": "1"})
-    expected = engine_correct(model, demo.demo_samples([512, 1024]), config)
+    expected = engine_correct(model, samples, config)
     assert [item["correct"] for item in answers[:2]] == expected
     stats = report["scout"]
     assert stats["cpu_ratio"] > 0 and stats["cpu_launched_ahead_fraction"] == 1.0
     assert stats["decode_steps"] >= 4 and stats["usage"]["requests"] == 0
+    assert stats["predicted_query_cosine"] > 0.9  # the suite model's layer-ahead prediction, as in real models
+    assert f"predicted-query cosine {stats['predicted_query_cosine']:.2f} " in printed

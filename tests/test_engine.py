@@ -36,10 +36,11 @@ def make_driver(lengths, steps, seed=0, predict_noise=0.3):
     return Driver(SHAPE, lengths, steps, seed=seed, predict_noise=predict_noise)
 
 
+@pytest.mark.parametrize("estimate", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_budget_covering_the_context_equals_dense_attention(mode):
+def test_budget_covering_the_context_equals_dense_attention(mode, estimate):
     driver = make_driver([5, 30, 70], steps=20)
-    outputs, _ = run(driver, make_engine(mode, budget=128))
+    outputs, _ = run(driver, make_engine(mode, budget=128, estimate=estimate))
     torch.testing.assert_close(outputs, driver.dense(), atol=2e-5, rtol=2e-5)
 
 
@@ -53,18 +54,39 @@ def test_a_covering_budget_with_a_small_device_share_splits_the_work_and_still_e
     assert sum(t.totals().cpu_blocks for t in telemetry) > 20 * SHAPE.num_layers  # the CPU did much of the work
 
 
-def test_with_a_sparse_budget_every_offloading_mode_attends_exactly_the_quest_selection():
+@pytest.mark.parametrize("estimate", [False, True])
+def test_with_a_sparse_budget_every_offloading_mode_attends_exactly_the_quest_selection(estimate):
     """Same selection (predicted == real query): quest, hgca, infinigen and scout without a resident
-    buffer cover the same blocks, scout's through the CPU part."""
+    buffer cover the same blocks, scout's through the CPU part, and estimate the same others."""
     driver = make_driver([150, 90], steps=12, seed=1, predict_noise=0.0)
-    quest, _ = run(driver, make_engine("quest", budget=48))
-    hgca, _ = run(driver, make_engine("hgca", budget=48))
-    infinigen, _ = run(driver, make_engine("infinigen", budget=48))
-    scout, _ = run(driver, make_engine("scout", budget=48, resident_blocks=0))  # all but the window on the CPU
+    quest, _ = run(driver, make_engine("quest", budget=48, estimate=estimate))
+    hgca, _ = run(driver, make_engine("hgca", budget=48, estimate=estimate))
+    infinigen, _ = run(driver, make_engine("infinigen", budget=48, estimate=estimate))
+    # all but the window on the CPU
+    scout, _ = run(driver, make_engine("scout", budget=48, resident_blocks=0, estimate=estimate))
     torch.testing.assert_close(hgca, quest, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(infinigen, quest, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(scout, quest, atol=2e-5, rtol=2e-5)
     assert (quest - driver.dense()).abs().max() > 1e-3  # the budget really is sparse
+
+
+@pytest.mark.parametrize("mode", ["quest", "infinigen", "hgca", "scout"])
+def test_with_keys_equal_within_each_block_the_estimate_makes_a_sparse_budget_dense(mode):
+    """The estimate's second identity, through the engine: a block whose keys are all equal is estimated exactly,
+    so the attended part and the estimate of the rest add up to dense attention (scout's prediction exact here,
+    so that its CPU part uses the real query too)."""
+    driver = make_driver([150, 90], steps=12, seed=2, predict_noise=0.0)
+    gen = torch.Generator().manual_seed(2)
+    for (b, l), (k, _) in driver.prompts.items():
+        keys = 2 * torch.randn(64, SHAPE.num_kv_heads, SHAPE.head_dim, generator=gen)  # one key per block
+        total = driver.lengths[b] + driver.steps
+        per_token = keys.repeat_interleave(BLOCK, dim=0)[:total]
+        k.copy_(per_token[: driver.lengths[b]])
+        driver.new_k[:, l, b] = per_token[driver.lengths[b]:]
+    outputs, _ = run(driver, make_engine(mode, budget=48, estimate=True))
+    torch.testing.assert_close(outputs, driver.dense(), atol=2e-5, rtol=2e-5)
+    without, _ = run(driver, make_engine(mode, budget=48))
+    assert (without - driver.dense()).abs().max() > 1e-3  # the budget really is sparse
 
 
 def drifting_driver(steps=60, seed=3):

@@ -76,6 +76,16 @@ def test_a_cpu_list_past_its_capacity_drops_the_least_important_blocks(mode):
     assert report.cpu_blocks > 0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_with_the_estimate_every_output_matches_the_oracle(mode):
+    """The estimate of the blocks attended nowhere, recomputed by the oracle from the driver's K/V with the real
+    query, in every mode (full: nothing to estimate), with first fills, recall and CPU lists."""
+    report = run_checked(mode, "llama", estimate=True)
+    assert report.outputs_checked == report.decisions * len(LENGTHS)
+    if mode == "scout":
+        assert report.cpu_blocks > 0 and report.recalled_blocks > 0
+
+
 def test_the_same_layer_path_without_layer_ahead_prediction():
     report = run_checked("scout", "llama", layer_ahead=False)
     assert report.predicted_layers == 0 and report.cpu_blocks > 0 and report.recalled_blocks > 0

@@ -42,6 +42,16 @@ def test_the_triton_path_decodes_and_decides_like_the_torch_path(mode):
         assert sum(step[1] for step in torch_counts) > 0 and sum(step[3] for step in torch_counts) > 0
 
 
+@pytest.mark.parametrize("mode", ["quest", "infinigen", "scout"])
+def test_with_the_estimate_the_triton_path_decodes_like_the_torch_path(mode):
+    """The estimate merged in its own launch (quest, infinigen) and in the CPU part's merge (scout)."""
+    torch_outputs, torch_counts = run(mode, "torch", estimate=True)
+    triton_outputs, triton_counts = run(mode, "triton", estimate=True)
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    assert (torch_outputs - run(mode, "torch")[0]).abs().max() > 1e-3  # the estimate changed the outputs
+
+
 def test_the_adaptive_recall_and_a_capped_cpu_list_agree_too():
     settings = dict(recall_policy="adaptive", recall_beta=0.1, max_cpu_blocks=1, token_budget=48, resident_blocks=1)
     torch_outputs, torch_counts = run("scout", "torch", **settings)

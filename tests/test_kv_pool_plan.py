@@ -87,9 +87,9 @@ SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
 TOKEN = 2 * 2 * 16 * 2  # K and V of a token in a layer: 2 heads of 16 dims, 2 bytes
 
 
-def small_engine(dense_layers=(), mode="scout", total_pages=None):
+def small_engine(dense_layers=(), mode="scout", total_pages=None, estimate=False):
     config = ScoutConfig(mode=mode, block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
-                         dense_layers=dense_layers, cpu_groups=1)
+                         dense_layers=dense_layers, cpu_groups=1, estimate=estimate)
     return CoAttentionEngine(config, SHAPE, dtype=torch.bfloat16, max_requests=2, max_tokens_per_request=64,
                              total_pages=total_pages, cpu_worker=False)  # no CPU work here: no threads
 
@@ -116,10 +116,12 @@ def test_the_startup_message_counts_the_dense_layers_in_the_request_and_the_allo
     assert f"({memory_report.size_text(dense)} dense layers" in message
 
 
+@pytest.mark.parametrize("estimate", [False, True])
 @pytest.mark.parametrize("mode", ["scout", "hgca", "infinigen", "quest", "full"])
 @pytest.mark.parametrize("dense_layers", [(), (0,), (0, 2)])
-def test_the_plan_is_what_the_engine_allocates(mode, dense_layers):
-    engine = small_engine(dense_layers, mode, total_pages=37)
+def test_the_plan_is_what_the_engine_allocates(mode, dense_layers, estimate):
+    """With the estimate on, the digests hold each block's mean value too (not in mode full: nothing to estimate)."""
+    engine = small_engine(dense_layers, mode, total_pages=37, estimate=estimate)
     plan = memory_report.planned_bytes(engine.config, num_layers=3, num_kv_heads=2, head_dim=16, itemsize=2,
                                        total_pages=37, slots=2)
     memory, parts = engine.memory(), memory_report.device_parts(engine)
@@ -127,6 +129,9 @@ def test_the_plan_is_what_the_engine_allocates(mode, dense_layers):
     assert plan["device_bytes_allocated"] == sum(parts.values()) == memory["device_bytes_allocated"]
     assert plan["host_bytes_allocated"] == memory["host_bytes_allocated"]
     assert plan["dense_layers"] == list(engine.full_layers)
+    if estimate and parts["digest_bytes_allocated"]:
+        without = memory_report.device_parts(small_engine(dense_layers, mode, total_pages=37))
+        assert 2 * parts["digest_bytes_allocated"] == 3 * without["digest_bytes_allocated"]
 
 
 def test_a_dense_layer_adds_its_full_store_to_the_device_bytes():

@@ -38,11 +38,11 @@ ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "one
 
 
 def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", kernel_impl=None, fixed_widths=True,
-                length=70, spread=3, device="cpu"):
+                length=70, spread=3, device="cpu", estimate=False):
     shape = ModelShape(num_layers=LAYERS, num_qo_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=6 * BLOCK, resident_blocks=3, cpu_groups=1,
                          dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1,
-                         kernel_impl=kernel_impl)
+                         kernel_impl=kernel_impl, estimate=estimate)
     engine = CoAttentionEngine(config, shape, device=device, dtype=torch.float32, max_requests=batch,
                                max_tokens_per_request=length + 3 * batch + 32, fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
@@ -89,12 +89,25 @@ def decode_step(engine, gen, *, counters=None):
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("mode", MODES)
 def test_a_gpu_runs_a_handful_of_launches_per_layer_allocates_nothing_and_reads_nothing_back(mode, one_torch_thread):
+    check_launches(mode, ((1, 1), (4, 2), (8, 8), (32, 1), (64, 8)))
+
+
+@requires_triton
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("mode", ["quest", "infinigen", "scout"])
+def test_with_the_estimate_too(mode, one_torch_thread):
+    """The estimate adds no launch to scout's layer (it is computed in the CPU part's merge) and one to quest's and
+    infinigen's (their one merge): every layer stays within the budget."""
+    check_launches(mode, ((4, 2), (64, 8)), estimate=True)
+
+
+def check_launches(mode, shapes, estimate=False):
     python = {}
-    for batch, num_kv_heads in ((1, 1), (4, 2), (8, 8), (32, 1), (64, 8)):
+    for batch, num_kv_heads in shapes:
         # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
         run = batch * num_kv_heads <= 8 or TRITON_DEVICE == "cuda"
         engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45,  # 48: a block completes
-                             device=TRITON_DEVICE)
+                             device=TRITON_DEVICE, estimate=estimate)
         counters = {}
 
         def per_layer(layer):
@@ -134,13 +147,13 @@ def test_a_gpu_runs_a_handful_of_launches_per_layer_allocates_nothing_and_reads_
     assert max(python.values()) <= UNFUSED_PYTHON_LINES / 4, f"{mode}: Python lines per layer {python}"
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_the_torch_path_is_flat_in_batch_and_heads_and_reads_nothing_back(mode, one_torch_thread):
+@pytest.mark.parametrize("mode, estimate", [(mode, False) for mode in MODES] + [("quest", True), ("scout", True)])
+def test_the_torch_path_is_flat_in_batch_and_heads_and_reads_nothing_back(mode, estimate, one_torch_thread):
     counts, lines = {}, {}
     for batch, num_kv_heads in ((1, 1), (5, 1), (5, 4)):
         # Equal lengths: the CPU device copies only the blocks a step completes (host-side list), so the ops of
         # a step depend on whether a block completes in it, the same at every batch here.
-        engine = make_engine(mode, batch, num_kv_heads, spread=0)
+        engine = make_engine(mode, batch, num_kv_heads, spread=0, estimate=estimate)
         try:
             gen = torch.Generator().manual_seed(1)
             decode_step(engine, gen)  # first fills
@@ -177,10 +190,10 @@ class CompileCounter:
 PROGRAMS = ("select_split", "device_part", "recall", "attend_full")
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_every_layer_program_compiles_whole_once_and_matches_eager(mode, one_torch_thread):
+@pytest.mark.parametrize("mode, estimate", [(mode, False) for mode in MODES] + [("quest", True)])
+def test_every_layer_program_compiles_whole_once_and_matches_eager(mode, estimate, one_torch_thread):
     torch._dynamo.reset()
-    eager, compiled = make_engine(mode, 3, 2), make_engine(mode, 3, 2)
+    eager, compiled = make_engine(mode, 3, 2, estimate=estimate), make_engine(mode, 3, 2, estimate=estimate)
     backend = CompileCounter()
     for name in PROGRAMS:
         setattr(compiled.stages, name, torch.compile(getattr(compiled.stages, name), fullgraph=True, dynamic=False,

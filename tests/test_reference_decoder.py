@@ -73,7 +73,7 @@ def test_the_prediction_equals_the_real_query_when_the_layer_input_is_the_same(m
 
         decoder._attention = spy
         decoder.engine.add_request(0)
-        decoder._phase = ("prefill", 0)
+        decoder._phase = ("prefill", 0, None)
         model.config._attn_implementation = "scout_engine"
         with torch.no_grad():
             model(input_ids=ids, position_ids=positions, use_cache=False)
@@ -126,3 +126,20 @@ def test_a_noisy_prediction_is_what_the_engine_gets_and_what_is_measured(model_a
                                   cpu_groups=1)
     covering = generate_sparse(model, prompts, NEW_TOKENS, config=covering_budget, prediction_cosine=0.0)
     assert covering.tokens == truth.tokens  # the budget covers the context: the prediction cannot matter
+
+
+def test_a_kept_prefill_decodes_like_running_the_prompt_again(model_and_truth):
+    """generate(prefills=...) gives the engine the same K/V and the first token the same logits as running the
+    prompts: the accuracy benchmark prefills each sequence once for all its configurations."""
+    model, prompts, _ = model_and_truth
+    decoder = ReferenceDecoder(model, SPARSE.replace(estimate=True), max_requests=4, max_tokens_per_request=256)
+    try:
+        first = decoder.generate(prompts, 8, keep_prefills=True)
+        again = decoder.generate(prompts, 8, prefills=first.prefills)
+    finally:
+        decoder.close()
+    assert len(first.prefills) == len(prompts) and not again.prefills
+    assert [len(p.keys) for p in first.prefills] == [model.config.num_hidden_layers] * len(prompts)
+    assert again.tokens == first.tokens
+    for ours, theirs in zip(again.logits, first.logits):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPE = ModelShape(num_layers=3, num_qo_heads=8, num_kv_heads=2, head_dim=32)
 
 
+@pytest.mark.parametrize("estimate", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_the_policy_model_gives_the_engine_outputs_on_random_kv(mode):
+def test_the_policy_model_gives_the_engine_outputs_on_random_kv(mode, estimate):
     config = ScoutConfig(mode=mode, block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
-                         dense_layers=(), resident_blocks=3 if mode == "scout" else None)
+                         dense_layers=(), resident_blocks=3 if mode == "scout" else None, estimate=estimate)
     driver = Driver(SHAPE, [5, 30, 150, 90], 40, seed=5)
     engine_out = driver.run(CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4,
                                               max_tokens_per_request=256))

@@ -25,9 +25,10 @@ LENGTHS = (20, 41, 7)
 CAPTURED_ROWS = 4  # the graph's batch size: one row more than the requests, a padding row
 
 
-def make_engine(mode):
+def make_engine(mode, estimate=False):
     config = ScoutConfig(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
-                         resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton")
+                         resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton",
+                         estimate=estimate)
     engine = CoAttentionEngine(config, SHAPE, device=TRITON_DEVICE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
                                max_tokens_per_request=128, fixed_widths=True)
     gen = torch.Generator().manual_seed(0)
@@ -74,7 +75,18 @@ def layer_loop(engine, q, q_pred, k, v, out):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_recorded_once_replays_every_later_step_like_an_eager_engine(mode):
-    eager, graph = make_engine(mode), make_engine(mode)
+    replays_like_eager(mode)
+
+
+@pytest.mark.parametrize("mode", ["quest", "infinigen", "scout"])
+def test_with_the_estimate_too(mode):
+    """The estimate's kernel reads the step's plan and selection from static buffers: a replayed step estimates
+    what an eager one does (the padding row, with no full block, estimates nothing)."""
+    replays_like_eager(mode, estimate=True)
+
+
+def replays_like_eager(mode, estimate=False):
+    eager, graph = make_engine(mode, estimate), make_engine(mode, estimate)
     shape = (SHAPE.num_layers, CAPTURED_ROWS)
     q, q_pred, out = (torch.zeros(*shape, 4, 16, device=TRITON_DEVICE) for _ in range(3))  # the static buffers
     k, v = (torch.zeros(*shape, 2, 16, device=TRITON_DEVICE) for _ in range(2))

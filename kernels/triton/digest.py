@@ -4,7 +4,9 @@ First op of digest -> select -> device part / CPU part -> merge. Only the pages
 named in `page_ids` are (re)computed, so a step digests just the blocks that
 filled; every other row of the digest tensors is left as it was. The source
 page and the destination row may differ (`rows`): a block that just filled is
-read from the device window and digested into the row of its host page.
+read from the device window and digested into the row of its host page. With
+the estimate of the unattended blocks on, the same program writes the page's
+mean value into the same row of `value_mean` (kernels/estimate.py reads it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ def _block_digest_kernel(
     rows_ptr,
     min_ptr,
     max_ptr,
+    v_ptr,
+    mean_ptr,
     stride_k_page,
     stride_k_head,
     stride_k_tok,
@@ -28,10 +32,16 @@ def _block_digest_kernel(
     stride_min_head,
     stride_max_page,
     stride_max_head,
+    stride_v_page,
+    stride_v_head,
+    stride_v_tok,
+    stride_mean_page,
+    stride_mean_head,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    VALUE_MEAN: tl.constexpr,
 ):
     # grid: (len(page_ids), Hkv); one program reduces one [S, D] run of one head.
     pid = tl.program_id(0)
@@ -63,6 +73,11 @@ def _block_digest_kernel(
         k_max.to(max_ptr.dtype.element_ty),
         mask=mask_d,
     )
+    if VALUE_MEAN:
+        v = tl.load(v_ptr + page * stride_v_page + head * stride_v_head + offs_s[:, None] * stride_v_tok
+                    + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(mean_ptr + row * stride_mean_page + head * stride_mean_head + offs_d,
+                 (tl.sum(v, axis=0) / BLOCK_SIZE).to(mean_ptr.dtype.element_ty), mask=mask_d)
 
 
 def digests_triton(
@@ -72,6 +87,8 @@ def digests_triton(
     out_max: torch.Tensor,
     *,
     rows: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    out_value_mean: torch.Tensor | None = None,
 ) -> None:
     """Write the digests of the pages in `page_ids` into `out_min` / `out_max`.
 
@@ -83,17 +100,22 @@ def digests_triton(
         page_ids[i]) is overwritten with the per-channel min/max over the
         S tokens of page page_ids[i]; all other rows are untouched
     rows : optional [n] int32, distinct destination rows
+    v_cache, out_value_mean : optional (together) [P, Hkv, S, D] and [R, Hkv, D]: row rows[i] of out_value_mean
+        gets the mean over the S values of page page_ids[i] (reduced in fp32)
     """
     num_ids = page_ids.shape[0]
     if num_ids == 0:
         return
     _, num_kv_heads, block_size, head_dim = k_cache.shape
+    mean = out_value_mean is not None
     _block_digest_kernel[(num_ids, num_kv_heads)](
         k_cache,
         page_ids,
         page_ids if rows is None else rows,
         out_min,
         out_max,
+        v_cache if mean else k_cache,  # unread without the mean
+        out_value_mean if mean else out_min,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -101,8 +123,11 @@ def digests_triton(
         out_min.stride(1),
         out_max.stride(0),
         out_max.stride(1),
+        *(v_cache.stride()[:3] if mean else (0, 0, 0)),
+        *(out_value_mean.stride()[:2] if mean else (0, 0)),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_S=triton.next_power_of_2(block_size),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        VALUE_MEAN=mean,
     )

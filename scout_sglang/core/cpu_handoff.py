@@ -43,6 +43,7 @@ from scout_sglang.handoff_words import (
     WORDS_PER_LAYER,
 )
 from scout_sglang.kernels.cpu_part import merge_cpu_part, ring_doorbell, wait_cpu_part
+from scout_sglang.kernels.estimate import CpuPartResult, merge_with_estimate
 
 logger = logging.getLogger("scout_sglang.core")
 # the worker failed; it was not done by the deadline; it was given no part (cpu_health.py)
@@ -145,10 +146,13 @@ class CpuHandoff:
             self._words_np[i, DOORBELL] = plan.seq
             self.worker.kick()
 
-    def resolve(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
-        """out <- merge of the device part (o, lse) with the layer's CPU part: the worker's, or the fallback's."""
+    def resolve(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *,
+                estimate=None) -> None:
+        """out <- merge of the device part (o, lse) with the layer's CPU part: the worker's, or the fallback's.
+        estimate: (the layer's query, kernels.estimate.UnattendedBlocks) to merge the estimate of the blocks
+        attended nowhere too, in the same launch; None: no estimate."""
         self.wait(layer, plan)
-        self.finish(layer, plan, o, lse, out)
+        self.finish(layer, plan, o, lse, out, estimate=estimate)
 
     def wait(self, layer: int, plan) -> None:
         """Wait for the worker's DONE (the deadline after the ring): the layer's status. A kernel on CUDA."""
@@ -159,8 +163,9 @@ class CpuHandoff:
         else:
             self._wait_on_host(i, plan)
 
-    def finish(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
-        """The fallback where the status is not OK, and the merge into out."""
+    def finish(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *,
+               estimate=None) -> None:
+        """The fallback where the status is not OK, and the merge into out (with the estimate, when given)."""
         i, rows = self.index[layer], plan.rows
         status = self.status[i:i + 1]
         if self.kernels:
@@ -177,6 +182,12 @@ class CpuHandoff:
                                                      scale=self.scale, device=self.device, impl=self.impl)
             self.fb_o[:rows].copy_(o_fb)
             self.fb_lse[:rows].copy_(lse_fb)
+        if estimate is not None:
+            q, blocks = estimate
+            cpu = CpuPartResult(self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
+                                self.fb_lse[:rows], status)
+            merge_with_estimate(q, o, lse, out, blocks=blocks, cpu=cpu, impl=self.merge_impl, validate=False)
+            return
         merge_cpu_part(o, lse, self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
                        self.fb_lse[:rows], status, out, impl=self.merge_impl)
 

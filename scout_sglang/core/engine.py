@@ -125,10 +125,12 @@ class CoAttentionEngine:
         self.max_requests = max_requests
         self.max_blocks = ceil_div(max_tokens_per_request, self.block_size) + 1
         pages = total_pages or max_requests * ceil_div(max_tokens_per_request, self.block_size)
+        # The estimate of the unattended blocks (kernels/estimate.py): every sparse mode, a mean value per block.
+        self.estimates = config.estimate and config.mode != "full"
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
                                           max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,
                                           dtype=dtype, device=self.device, with_digests=config.mode == "quest",
-                                          assigned_pages=assigned_pages)
+                                          with_value_means=self.estimates, assigned_pages=assigned_pages)
         # scout's recall, with its brake (kernels.recall_brake) and cap (recall_budget.py)
         recalls = (config.mode == "scout" and config.recall_policy != "off" and config.resident_capacity > 0
                    and bool(self.offloaded_layers))
@@ -138,6 +140,7 @@ class CoAttentionEngine:
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
             device=self.device, borrowed=host_store, assigned_pages=assigned_pages,
             selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
+            value_means=self.estimates,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
@@ -343,12 +346,13 @@ class CoAttentionEngine:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""
         full, off = self.full_store, self.offloaded
         full_kv = _nbytes(full.k, full.v)
-        full_digests = _nbytes(full.digest_min, full.digest_max)
-        digests, window = _nbytes(off.digest_min, off.digest_max), _nbytes(off.dev_k, off.dev_v)
+        full_digests = _nbytes(full.digest_min, full.digest_max, full.value_mean)
+        digests, window = _nbytes(off.digest_min, off.digest_max, off.value_mean), _nbytes(off.dev_k, off.dev_v)
         host_page = sum(t[0].numel() * t.element_size() for t in (*off.host_k.values(), *off.host_v.values()))
         # Each store has one scratch page beyond its allocator's pages (stores.py): allocated, never used.
         full_used = full.pages.num_used / (full.pages.num_pages + 1)
-        digest_row = sum(t[0].numel() * t.element_size() for t in (*off.digest_min.values(), *off.digest_max.values()))
+        digest_row = sum(t[0].numel() * t.element_size()
+                         for t in (*off.digest_min.values(), *off.digest_max.values(), *off.value_mean.values()))
         window_used = off.device_pages.num_used / (off.device_pages.num_pages + 1)
         return {
             "tokens": sum(state.num_tokens for state in self.requests.values()),
@@ -400,8 +404,9 @@ class CoAttentionEngine:
                     v_full = torch.cat([store.dev_v[layer][page, :, :head].transpose(0, 1), v_full])
                 shape = (last - first, size, *k.shape[1:])
                 blocks, k_blocks = list(range(first, last)), k_full.reshape(shape).transpose(1, 2)
-                store.copy_blocks_to_host(layer, rid, blocks, k_blocks, v_full.reshape(shape).transpose(1, 2))
-                store.write_digests(layer, rid, blocks, k_blocks)
+                v_blocks = v_full.reshape(shape).transpose(1, 2)
+                store.copy_blocks_to_host(layer, rid, blocks, k_blocks, v_blocks)
+                store.write_digests(layer, rid, blocks, k_blocks, v_blocks)
             window = set(store.window_blocks(end))
             keep = [p - start for p in range(start, end) if p // size in window]
             store.write_window(layer, [rid] * len(keep), [start + i for i in keep], k[keep].to(self.device),

@@ -14,10 +14,13 @@ offloaded layer (scout shown; the other modes drop stages):
       append    the token; a completed block's digest and host copy            kernels.stage_append
       decode    resident blocks + window -> (o, lse)                           kernels.sparse_decode
       resolve   wait (deadline), fallback if the worker failed, merge          cpu_handoff
+                (with the estimate on, the merge also estimates the blocks     kernels.estimate
+                attended nowhere: one launch still; infinigen: one more)
       recall    CPU-list blocks into the resident buffer, when due, braked     kernels.stage_recall
 
 A device-full layer (dense layers; modes full and quest) appends, (quest)
-scores and selects with the page list, and decodes. Every call passes
+scores and selects with the page list, decodes, and (quest with the
+estimate on) merges the estimate of the blocks it left out. Every call passes
 validate=False: the buffers are the engine's static ones, checked when they
 were made. On CUDA each stage is one Triton launch (two for a split decode);
 on the CPU a fixed sequence of torch ops. Nothing reads a device value back.
@@ -29,6 +32,7 @@ import torch
 
 from scout_sglang import kernels
 from scout_sglang.core.launch_program import LaunchPrograms
+from scout_sglang.kernels.estimate import UnattendedBlocks, merge_with_estimate
 from scout_sglang.kernels.recall_brake import RecallBrake
 from scout_sglang.kernels.stage_append import append_token
 from scout_sglang.kernels.stage_recall import bring_in
@@ -52,6 +56,7 @@ class LayerStages:
         self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_blocks > 0
         self.cpu_part = config.mode in CPU_MODES
         self.recalls = engine.recall_budget is not None  # scout, recall on, a resident buffer
+        self.estimates = engine.estimates  # the estimate of the unattended blocks, merged with the attended parts
         self.stage_impl = engine.stage_impl
         self.decode_impl = engine.decode_impl
         self.recall_index = {layer: i for i, layer in enumerate(engine.offloaded_layers)}
@@ -84,8 +89,7 @@ class LayerStages:
         plan, store, chosen = self.engine.plan, self.offloaded, self.buffers.of(layer)
         rows, impl, config = plan.rows, self.stage_impl, self.config
         scores = chosen.scores[:rows, :, : plan.host_table.shape[1]]
-        kernels.score_blocks(q, store.digest_min[layer], store.digest_max[layer], plan.host_table, plan.num_full,
-                             out=scores, impl=impl, validate=False)
+        self.score(layer, q, store, plan.host_table, scores)
         select_blocks(scores, plan.num_full, topk=config.topk_blocks, num_sink_blocks=config.sink_blocks,
                       num_local_blocks=config.local_blocks, out_selected=chosen.selected[:rows],
                       out_counts=chosen.counts[:rows], previous=self.engine.previous.get(layer), slots=plan.slots,
@@ -113,6 +117,12 @@ class LayerStages:
                     q=q if cpu else None, out_q=self.handoff.q[layer][:rows] if cpu else None,
                     counters=self.buffers.counters[layer], impl=impl, validate=False)
 
+    def score(self, layer: int, q: torch.Tensor, store, table: torch.Tensor, scores: torch.Tensor) -> None:
+        """The selection's key of every full block of the step's rows -> scores [rows, Hkv, NB]: Quest's score from
+        the digests of `store` (the offloaded store, or quest's device-full one) through the page table `table`."""
+        kernels.score_blocks(q, store.digest_min[layer], store.digest_max[layer], table, self.engine.plan.num_full,
+                             out=scores, impl=self.stage_impl, validate=False)
+
     def attend_offloaded(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          out: torch.Tensor) -> None:
         """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D]."""
@@ -125,10 +135,16 @@ class LayerStages:
     def _attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                 out: torch.Tensor) -> None:
         rows = self.engine.plan.rows
-        o = self.buffers.o[:rows] if self.cpu_part else out  # with a CPU part, the device part's own (o, lse)
+        merges = self.cpu_part or self.estimates
+        o = self.buffers.o[:rows] if merges else out  # merged later: the device part's own (o, lse)
         self.device_part(layer, q, k_new, v_new, o)
+        blocks = self.unattended(layer, offloaded=True) if self.estimates else None
         if self.cpu_part:
-            self.handoff.resolve(layer, self.engine.plan, o, self.buffers.lse[:rows], out)
+            self.handoff.resolve(layer, self.engine.plan, o, self.buffers.lse[:rows], out,
+                                 estimate=None if blocks is None else (q, blocks))
+        elif blocks is not None:
+            merge_with_estimate(q, o, self.buffers.lse[:rows], out, blocks=blocks, impl=self.stage_impl,
+                                validate=False)
         if self.recalls:
             self.recall(layer)
 
@@ -138,13 +154,25 @@ class LayerStages:
         plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
         append_token(k_new, v_new, store.dev_k[layer], store.dev_v[layer], plan.window_append_page,
                      plan.append_offset, digest_min=store.digest_min[layer], digest_max=store.digest_max[layer],
-                     digest_rows=plan.fill_host_row, host_k=store.host_k[layer], host_v=store.host_v[layer],
-                     host_rows=plan.fill_host_row, host_scratch=store.host_scratch_page, impl=self.stage_impl,
-                     validate=False)
+                     digest_rows=plan.fill_host_row, value_mean=store.value_mean.get(layer), host_k=store.host_k[layer],
+                     host_v=store.host_v[layer], host_rows=plan.fill_host_row, host_scratch=store.host_scratch_page,
+                     impl=self.stage_impl, validate=False)
         kernels.sparse_decode(q, store.dev_k[layer], store.dev_v[layer], chosen.device_pages[:rows],
                               chosen.device_counts[:rows], scale=self.scale, last_block_len=plan.last_len_heads,
                               out=o, out_lse=self.buffers.lse[:rows], impl=self.decode_impl, validate=False,
                               workspace=self.buffers.workspace)
+
+    def unattended(self, layer: int, *, offloaded: bool) -> UnattendedBlocks:
+        """What the estimate of `layer` reads (kernels/estimate.py): its block summaries, the step's page table and
+        what the layer attends exactly: the selection and, in scout (whose device part attends every resident
+        block), the resident buffer. Infinigen attends only its selected resident blocks: the rest are estimated."""
+        plan, chosen, rows = self.engine.plan, self.buffers.of(layer), self.engine.plan.rows
+        store, table = (self.offloaded, plan.host_table) if offloaded else (self.full_store, plan.full_table)
+        resident = offloaded and self.resident and self.config.mode == "scout"
+        return UnattendedBlocks(store.digest_min[layer], store.digest_max[layer], store.value_mean[layer], table,
+                                plan.num_full, chosen.selected[:rows], chosen.counts[:rows],
+                                store.resident_map[layer] if resident else None, plan.slots if resident else None,
+                                block_size=self.config.block_size, scale=self.scale)
 
     def recall(self, layer: int) -> None:
         """Scout's recall after the layer's attention: CPU-list blocks into the resident buffer, when due."""
@@ -189,13 +217,13 @@ class LayerStages:
         append_token(k_new, v_new, store.k[layer], store.v[layer], plan.full_append_page, plan.append_offset,
                      digest_min=store.digest_min[layer] if digests else None,
                      digest_max=store.digest_max[layer] if digests else None,
-                     digest_rows=plan.fill_full_row if digests else None, impl=self.stage_impl, validate=False)
+                     digest_rows=plan.fill_full_row if digests else None, value_mean=store.value_mean.get(layer),
+                     impl=self.stage_impl, validate=False)
         table, counts = plan.full_lists, plan.full_counts
         if selects:
             chosen = self.buffers.of(layer)
             scores = chosen.scores[:rows, :, : plan.full_table.shape[1]]
-            kernels.score_blocks(q, store.digest_min[layer], store.digest_max[layer], plan.full_table, plan.num_full,
-                                 out=scores, impl=self.stage_impl, validate=False)
+            self.score(layer, q, store, plan.full_table, scores)
             select_blocks(scores, plan.num_full, topk=config.topk_blocks, num_sink_blocks=config.sink_blocks,
                           num_local_blocks=config.local_blocks, out_selected=chosen.selected[:rows],
                           out_counts=chosen.counts[:rows], previous=self.engine.previous.get(layer), slots=plan.slots,
@@ -204,6 +232,11 @@ class LayerStages:
                           out_pages=chosen.quest_pages[:rows], out_page_counts=chosen.quest_counts[:rows],
                           impl=self.stage_impl, validate=False)
             table, counts = chosen.quest_pages[:rows], chosen.quest_counts[:rows]
+        estimates = selects and self.estimates
+        o = self.buffers.o[:rows] if estimates else out  # merged with the estimate: the selection's own (o, lse)
         kernels.sparse_decode(q, store.k[layer], store.v[layer], table, counts, scale=self.scale,
-                              last_block_len=plan.last_len_heads, out=out, out_lse=self.buffers.lse[:rows],
+                              last_block_len=plan.last_len_heads, out=o, out_lse=self.buffers.lse[:rows],
                               impl=self.decode_impl, validate=False, workspace=self.buffers.workspace)
+        if estimates:
+            merge_with_estimate(q, o, self.buffers.lse[:rows], out, blocks=self.unattended(layer, offloaded=False),
+                                impl=self.stage_impl, validate=False)

@@ -7,6 +7,7 @@ Where each block of each request lives, per layer (layout: scout_sglang.layout):
   offloaded layers (modes scout/infinigen/hgca)
       host:   host_k/host_v[layer][host page]   every FULL block
       device: digest_min/max[layer][host page]  digests of every full block
+              value_mean[layer][host page]      its mean value (with the estimate on)
               window pages per request:
                 [sink_0 .. sink_{s-1}] [ring_0 .. ring_L] [res_0 .. res_{R-1}]
                  first blocks           last L full      resident buffer,
@@ -272,10 +273,12 @@ class BorrowedHostStore:
 
 
 class DeviceFullStore:
-    """Every block of every request on the device, for the given layers."""
+    """Every block of every request on the device, for the given layers (with digests: quest's; with value means
+    too: quest's estimate of the blocks it leaves out)."""
 
     def __init__(self, layers, *, num_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
-                 block_size: int, dtype, device, with_digests: bool, assigned_pages: bool = False):
+                 block_size: int, dtype, device, with_digests: bool, with_value_means: bool = False,
+                 assigned_pages: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.scratch_page = num_pages
@@ -285,6 +288,8 @@ class DeviceFullStore:
         digest_shape = (num_pages + 1, shape.num_kv_heads, shape.head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
+        self.value_mean = {layer: torch.zeros(digest_shape, dtype=dtype, device=device)
+                           for layer in self.layers} if with_digests and with_value_means else {}
         name = "device full-KV pages"
         self.tables = AssignedPageTable(num_pages, max_requests, max_blocks, name=name, scratch_page=num_pages) \
             if assigned_pages else SlotPageTable(num_pages, max_requests, max_blocks, name=name)
@@ -311,7 +316,9 @@ class DeviceFullStore:
         if not self.digest_min or not page_ids:
             return
         index = torch.tensor(page_ids, dtype=torch.int32, device=self.device)
-        kernels.update_digests(self.k[layer], index, self.digest_min[layer], self.digest_max[layer])
+        means = layer in self.value_mean
+        kernels.update_digests(self.k[layer], index, self.digest_min[layer], self.digest_max[layer],
+                               v_cache=self.v[layer] if means else None, value_mean=self.value_mean.get(layer))
 
     def release(self, rid: int, slot: int) -> None:
         self.tables.release(rid, slot)
@@ -323,7 +330,7 @@ class OffloadedStore:
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
                  borrowed: BorrowedHostStore | None = None, assigned_pages: bool = False, selection_runs: bool = False,
-                 recall_brake: bool = False):
+                 recall_brake: bool = False, value_means: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -363,6 +370,9 @@ class OffloadedStore:
         digest_shape = (num_host_pages + 1, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
+        # The estimate of the unattended blocks (kernels/estimate.py): one more vector per block and KV head.
+        self.value_mean = {layer: torch.zeros(digest_shape, dtype=dtype, device=device)
+                           for layer in (self.layers if value_means else ())}
         num_device_pages = max_requests * self.pages_per_request
         self.device_scratch_page = num_device_pages
         device_shape = (num_device_pages + 1, num_kv_heads, block_size, head_dim)
@@ -469,12 +479,16 @@ class OffloadedStore:
         self.host_k[layer][host_index] = k_blocks.cpu()
         self.host_v[layer][host_index] = v_blocks.cpu()
 
-    def write_digests(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor) -> None:
-        """Digests of full blocks (k_blocks [n, Hkv, S, D] on the device), in the rows of their host pages."""
+    def write_digests(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor,
+                      v_blocks: torch.Tensor) -> None:
+        """Digests of full blocks (k_blocks, v_blocks [n, Hkv, S, D] on the device), in the rows of their host pages:
+        min and max of K, and the mean of V where the store keeps it."""
         table = self.host_pages.table(rid)
         rows = torch.tensor([table[j] for j in blocks], dtype=torch.int32, device=self.device)
-        kernels.digest_blocks(k_blocks.to(self.digest_min[layer].dtype).contiguous(), rows, self.digest_min[layer],
-                              self.digest_max[layer])
+        dtype, means = self.digest_min[layer].dtype, layer in self.value_mean
+        kernels.digest_blocks(k_blocks.to(dtype).contiguous(), rows, self.digest_min[layer], self.digest_max[layer],
+                              v_blocks=v_blocks.to(dtype).contiguous() if means else None,
+                              value_mean=self.value_mean.get(layer))
 
     def host_bytes_owned(self) -> int:
         """Host bytes this store allocated (none when borrowed)."""

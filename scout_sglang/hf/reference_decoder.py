@@ -28,11 +28,23 @@ ATTENTION_NAME = "scout_engine"
 
 
 @dataclass
+class Prefill:
+    """One prompt's prefill, kept to decode the same prompt again without running it through the model: the K/V
+    the engine was given for each layer ([N, Hkv, D] each, post-RoPE) and the logits of the last position (fp32).
+    The prefill is dense attention in every mode, so it serves any engine configuration."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logits: torch.Tensor
+
+
+@dataclass
 class GenerationResult:
     tokens: list[list[int]]  # new tokens per request
     logits: list[torch.Tensor]  # per request [new_tokens, vocab] fp32
     telemetry: list = field(default_factory=list)  # StepTelemetry per decode step
     query_cosine: dict[int, list[float]] = field(default_factory=dict)  # layer -> cosines (predicted vs real)
+    prefills: list[Prefill] = field(default_factory=list)  # per request, when generate kept them
 
 
 def _engine_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -142,8 +154,12 @@ class ReferenceDecoder:
     def _attention(self, module, query, key, value, scaling):
         layer = module.layer_idx
         if self._phase[0] == "prefill":
-            rid = self._phase[1]
-            self.engine.prefill(rid, layer, key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous())
+            rid, kept = self._phase[1], self._phase[2]
+            k, v = key[0].transpose(0, 1).contiguous(), value[0].transpose(0, 1).contiguous()
+            self.engine.prefill(rid, layer, k, v)
+            if kept is not None:
+                kept.keys.append(k)
+                kept.values.append(v)
             out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
             return out.transpose(1, 2).contiguous(), None
         q = query[:, :, 0].contiguous()
@@ -152,15 +168,23 @@ class ReferenceDecoder:
             self.engine.predict(layer, self._predicted[layer])
         predicted = self._predicted.pop(layer, None)
         if predicted is not None:
-            cosine = F.cosine_similarity(predicted.float().flatten(1), q.float().flatten(1), dim=-1)
-            self._cosines.setdefault(layer, []).extend(cosine.tolist())
+            predicted_rows, real_rows = predicted.float().flatten(1), q.float().flatten(1)
+            cosine = F.cosine_similarity(predicted_rows, real_rows, dim=-1)
+            defined = (predicted_rows.abs().amax(dim=-1) > 0) & (real_rows.abs().amax(dim=-1) > 0)  # as the server
+            self._cosines.setdefault(layer, []).extend(cosine[defined].tolist())
         o = self.engine.attend(layer, q, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
         return o.unsqueeze(1).to(query.dtype), None
 
     # -- generation --------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, first_rid: int = 0) -> GenerationResult:
-        """Greedy: prefill each prompt, then decode all requests together for max_new_tokens."""
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, first_rid: int = 0,
+                 prefills: list[Prefill] | None = None, keep_prefills: bool = False) -> GenerationResult:
+        """Greedy: prefill each prompt, then decode all requests together for max_new_tokens.
+
+        prefills : the Prefill of each prompt from an earlier generate (keep_prefills=True): the engine is given
+            the same K/V and the first token comes from the same logits, without running the prompts through the
+            model (what a benchmark of many configurations on the same prompts spends most of its time on)
+        keep_prefills : return each prompt's Prefill in result.prefills"""
         previous = self.model.config._attn_implementation
         self.model.config._attn_implementation = ATTENTION_NAME
         device = next(self.model.parameters()).device
@@ -169,13 +193,23 @@ class ReferenceDecoder:
         self._cosines = {}
         try:
             last_logits = []
-            for rid, prompt in zip(rids, prompts):
+            for index, (rid, prompt) in enumerate(zip(rids, prompts)):
                 self.engine.add_request(rid)
-                self._phase = ("prefill", rid)
+                if prefills is not None:
+                    kept = prefills[index]
+                    for layer, (k, v) in enumerate(zip(kept.keys, kept.values)):
+                        self.engine.prefill(rid, layer, k, v)
+                    last_logits.append(kept.logits)
+                    continue
+                kept = Prefill([], [], torch.empty(0)) if keep_prefills else None
+                self._phase = ("prefill", rid, kept)
                 ids = torch.tensor([prompt], device=device)
                 logits = self.model(input_ids=ids, position_ids=torch.arange(len(prompt), device=device)[None],
                                     use_cache=False).logits
                 last_logits.append(logits[0, -1].float())
+                if kept is not None:
+                    kept.logits = last_logits[-1]
+                    result.prefills.append(kept)
             lengths = [len(p) for p in prompts]
             for step in range(max_new_tokens):
                 next_ids = [int(logits.argmax()) for logits in last_logits]

@@ -5,11 +5,14 @@ written for clarity, not speed. Layout: scout_sglang.layout. LSE: natural log.
 """
 
 from scout_sglang.reference.attention import dense_decode, gather_head_tokens, merge_states, sparse_decode
+from scout_sglang.reference.estimate import block_summaries, estimate_blocks
 from scout_sglang.reference.selection import block_digests, quest_scores, select_topk, split_selection
 
 __all__ = [
     "block_digests",
+    "block_summaries",
     "dense_decode",
+    "estimate_blocks",
     "gather_head_tokens",
     "merge_states",
     "quest_scores",

@@ -60,6 +60,12 @@ class TaskSample:
         got = list(generated[:n])
         return got[:head] == self.answer[:head] and sorted(got[head:]) == sorted(self.answer[head:])
 
+    def partial_credit(self, generated: list[int]) -> float:
+        """RULER's partial credit (string_match_all): the share of the answer's words found among the words
+        generated in its place, in any order."""
+        got = set(generated[:len(self.answer)])
+        return sum(token in got for token in self.answer) / len(self.answer)
+
 
 def ids(words: list[str]) -> list[int]:
     return [TOKEN_ID[w] for w in words]

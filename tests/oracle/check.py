@@ -12,7 +12,9 @@ the rules of policy.py and nothing of scout_sglang.core:
   and per-step cap) each move exactly the blocks the policy names (recall only
   CPU-list blocks);
 and recomputes the layer's output: the device part with the real query, the
-CPU part with the query the CPU was given, merged by natural-log LSE.
+CPU part with the query the CPU was given, and (estimate on) the estimate of
+the full blocks that are neither selected nor attended, with the real query,
+merged by natural-log LSE.
 """
 
 from __future__ import annotations
@@ -210,5 +212,13 @@ class Oracle:
             # The CPU part runs with the query it was given: the predicted one where the mode predicts.
             cpu = policy.attend_blocks(q_select, keys, values, decision.cpu_blocks[b], block_size=size, scale=scale)
             o, lse = reference.merge_states(o, lse, *cpu)
+        if self.config.estimate and self.config.mode != "full":
+            heads = range(self.shape.num_kv_heads)
+            selected = decision.selected[b] if decision.selected is not None else [[] for _ in heads]
+            attended = [set(selected[h]) | set(decision.device_blocks[b][h]) | set(decision.cpu_blocks[b][h])
+                        for h in heads]
+            blocks = [policy.unattended(decision.num_tokens[b] // size, held) for held in attended]
+            o, lse = reference.merge_states(o, lse, *policy.estimate(q_real, keys, values, blocks, block_size=size,
+                                                                     scale=scale))
         torch.testing.assert_close(output, o, atol=2e-5, rtol=2e-5, msg=lambda m: f"{where}: output differs\n{m}")
         self.report.outputs_checked += 1

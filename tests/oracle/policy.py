@@ -18,7 +18,10 @@ Where the engine is free to choose, the rule is fixed here and in recall.py:
 - scout's recall moves a CPU block only once it was selected in
   recall_min_selected consecutive steps, at most the row's share of the
   per-step cap, and a row backs off (Brake) when less than half of what its
-  last recall brought in is selected again.
+  last recall brought in is selected again;
+- with the estimate on, every full block that is neither selected nor attended
+  (device or CPU) enters as its digest's midpoint and mean value, with the
+  layer's real query, merged last.
 """
 
 from __future__ import annotations
@@ -191,3 +194,15 @@ def attend_blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blo
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
+
+
+def unattended(num_full: int, attended: set[int]) -> list[int]:
+    """The full blocks a layer's estimate covers: those attended nowhere (and not selected)."""
+    return [j for j in range(num_full) if j not in attended]
+
+
+def estimate(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks_per_head: list[list[int]], *,
+             block_size: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The estimate of one request's blocks per KV head from its own K/V: (o [Hq, D], lse [Hq] natural log)."""
+    key_summary, value_mean = reference.block_summaries(keys, values, block_size)
+    return reference.estimate_blocks(q, key_summary, value_mean, blocks_per_head, block_size=block_size, scale=scale)

@@ -107,9 +107,13 @@ class PolicyEngine:
         decision = self.ahead.pop(layer, None) or self._decide(layer, q)
         outputs = []
         for b, rid in enumerate(self.batch):
-            o, lse = self._device_part(layer, b, rid, q[b], decision)
+            device = self._device_blocks(layer, b, rid, decision)
+            o, lse = policy.attend_blocks(q[b], self.keys[(rid, layer)], self.values[(rid, layer)], device,
+                                          block_size=self.config.block_size, scale=self.shape.softmax_scale)
             if any(decision.cpu_blocks[b]):
                 o, lse = reference.merge_states(o, lse, *decision.cpu_out[b])
+            attended = [set(decision.selected[b][h]) | set(device[h]) for h in range(self.shape.num_kv_heads)]
+            o, _ = self._with_estimate(layer, rid, q[b], o, lse, attended)
             outputs.append(o)
             self._maybe_recall(layer, b, rid, decision)
         return torch.stack(outputs)
@@ -136,8 +140,20 @@ class PolicyEngine:
                      + ([num_full] if tail else []) for h in range(self.shape.num_kv_heads)]
         else:
             heads = [list(range(num_full + (1 if tail else 0)))] * self.shape.num_kv_heads
-        return policy.attend_blocks(q, self.keys[key], self.values[key], heads, block_size=c.block_size,
-                                    scale=self.shape.softmax_scale)[0]
+        o, lse = policy.attend_blocks(q, self.keys[key], self.values[key], heads, block_size=c.block_size,
+                                      scale=self.shape.softmax_scale)
+        return self._with_estimate(layer, rid, q, o, lse, [set(blocks) for blocks in heads])[0]
+
+    def _with_estimate(self, layer, rid, q, o, lse, attended):
+        """(o, lse) merged with the estimate of the full blocks outside `attended` ([Hkv] sets), when it is on."""
+        c, key = self.config, (rid, layer)
+        if not c.estimate or c.mode == "full":
+            return o, lse
+        num_full = self.keys[key].shape[0] // c.block_size
+        blocks = [policy.unattended(num_full, held) for held in attended]
+        return reference.merge_states(o, lse, *policy.estimate(q, self.keys[key], self.values[key], blocks,
+                                                               block_size=c.block_size,
+                                                               scale=self.shape.softmax_scale))
 
     def _decide(self, layer, q) -> Decision:
         """Selection with q; first fill or infinigen recall; the CPU part with q (same query)."""
@@ -168,7 +184,8 @@ class PolicyEngine:
                                                          block_size=c.block_size, scale=self.shape.softmax_scale))
         return decision
 
-    def _device_part(self, layer, b, rid, q, decision):
+    def _device_blocks(self, layer, b, rid, decision):
+        """[Hkv] blocks the device part attends: the resident ones (infinigen: those selected), then the window."""
         key, c = (rid, layer), self.config
         window = self._window(rid, layer)
         heads = []
@@ -177,8 +194,7 @@ class PolicyEngine:
             if c.mode == "infinigen":
                 resident = [j for j in resident if j in decision.selected[b][h]]
             heads.append(resident + window)
-        return policy.attend_blocks(q, self.keys[key], self.values[key], heads, block_size=c.block_size,
-                                    scale=self.shape.softmax_scale)
+        return heads
 
     def _maybe_recall(self, layer, b, rid, decision):
         c, key = self.config, (rid, layer)

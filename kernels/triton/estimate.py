@@ -1,0 +1,164 @@
+"""The estimate of the unattended blocks and the layer's merge, one program per (request, KV head).
+
+digest -> select -> split -> device part / CPU part -> **estimate + merge**
+(kernels/estimate.py says what is estimated and why). One program walks the
+row's full blocks in tiles of BLOCK_N, as the decode walks its tokens:
+
+    blocks  | tile 0 | tile 1 | ... |            (num_full, read from the plan: the grid never depends on it)
+    per tile: unattended = not selected, not resident (a [BLOCK_N, K] and a [BLOCK_N, R] comparison)
+              key = (kmin + kmax) / 2, value = value_mean, of the unattended blocks' pages
+              online softmax of the G query heads over them, each logit + log(block_size)
+    then:     merge(device part, CPU part (the worker's, or the fallback's: the status picks), estimate) -> out
+
+so the estimate costs no launch of its own: in the CPU modes this kernel is the
+CPU part's merge (it replaces handoff.py's), elsewhere the one merge of the
+layer. Keys and values of the estimate are reduced in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import triton
+import triton.language as tl
+from scout_sglang.kernels.triton.lists import contains
+from scout_sglang.kernels.triton.merge import merge_tile
+from scout_sglang.kernels.triton.sizes import or_unused, p2
+
+from scout_sglang.layout import PAD_BLOCK
+
+_LOG2E = 1.4426950408889634
+# tl.dot needs every dimension >= 16: the G query heads, the tile's blocks and D are padded to at least 16.
+_MIN_DOT_DIM = 16
+_BLOCK_N = 16
+
+
+@triton.jit
+def _estimate_merge_kernel(
+    q_ptr, min_ptr, max_ptr, mean_ptr, table_ptr, num_full_ptr, selected_ptr, counts_ptr, resident_ptr, slots_ptr,
+    o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, out_ptr, out_lse_ptr,
+    stride_q_row, stride_q_head, stride_min_page, stride_min_head, stride_max_page, stride_max_head,
+    stride_mean_page, stride_mean_head, stride_table_row, stride_num_full, stride_sel_row, stride_sel_head,
+    stride_counts_row, stride_res_slot, stride_res_head, stride_slots, stride_o_row, stride_o_head, stride_lse_row,
+    stride_cpu_o_row, stride_cpu_o_head, stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row,
+    stride_out_row, stride_out_head, stride_out_lse_row,
+    scale_log2, log_block_size,
+    GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TOPK_P2: tl.constexpr, RESIDENT: tl.constexpr,
+    RESIDENT_P2: tl.constexpr, HAS_RESIDENT: tl.constexpr, CPU_PART: tl.constexpr, WRITE_LSE: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # grid: (B, Hkv).
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    in_g = g < GROUP_SIZE
+    in_d = d < HEAD_DIM
+    tile = in_g[:, None] & in_d[None, :]
+    heads = head * GROUP_SIZE + g
+    q = tl.load(q_ptr + row * stride_q_row + heads[:, None] * stride_q_head + d[None, :], mask=tile,
+                other=0.0).to(tl.float32)
+
+    # What the layer attends exactly: the selection (window's full blocks and CPU list included), the resident rows.
+    r = tl.arange(0, TOPK_P2)
+    count = tl.load(counts_ptr + row * stride_counts_row + head)
+    sel_valid = r < count
+    selected = tl.load(selected_ptr + row * stride_sel_row + head * stride_sel_head + r, mask=sel_valid, other=PAD)
+    if HAS_RESIDENT:
+        slot = tl.load(slots_ptr + row * stride_slots).to(tl.int64)
+        s = tl.arange(0, RESIDENT_P2)
+        resident = tl.load(resident_ptr + slot * stride_res_slot + head * stride_res_head + s, mask=s < RESIDENT,
+                           other=PAD)
+        occupied = resident != PAD
+
+    num_full = tl.load(num_full_ptr + row * stride_num_full)
+    m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)  # running max, log2 units
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    for start in range(0, num_full, BLOCK_N):
+        block = start + tl.arange(0, BLOCK_N)
+        attended = contains(block, selected, sel_valid)
+        if HAS_RESIDENT:
+            attended = attended | contains(block, resident, occupied)
+        left = (block < num_full) & ~attended
+        page = tl.load(table_ptr + row * stride_table_row + block, mask=left, other=0).to(tl.int64)
+        summary = left[:, None] & in_d[None, :]
+        k_min = tl.load(min_ptr + page[:, None] * stride_min_page + head * stride_min_head + d[None, :],
+                        mask=summary, other=0.0).to(tl.float32)
+        k_max = tl.load(max_ptr + page[:, None] * stride_max_page + head * stride_max_head + d[None, :],
+                        mask=summary, other=0.0).to(tl.float32)
+        qk = tl.dot(q, tl.trans((k_min + k_max) * 0.5), input_precision="ieee")  # [BLOCK_G, BLOCK_N]
+        qk = tl.where(left[None, :], qk * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile with no block left keeps m = -inf
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        value = tl.load(mean_ptr + page[:, None] * stride_mean_page + head * stride_mean_head + d[None, :],
+                        mask=summary, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, value, input_precision="ieee")
+        m_i = m_new
+    has = l_i > 0
+    est_o = acc / tl.where(has, l_i, 1.0)[:, None]
+    est_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453 + log_block_size,
+                       float("-inf"))
+
+    lse = tl.load(lse_ptr + row * stride_lse_row + heads, mask=in_g, other=float("-inf"))
+    o = tl.load(o_ptr + row * stride_o_row + heads[:, None] * stride_o_head + d[None, :], mask=tile,
+                other=0.0).to(tl.float32)
+    if CPU_PART:  # the worker's result where the status is OK, the fallback's otherwise (as handoff.py merges)
+        worker = (heads * 0 + tl.load(status_ptr)) == 0
+        fallback = ~worker
+        cpu_lse = tl.where(worker, tl.load(cpu_lse_ptr + row * stride_cpu_lse_row + heads, mask=in_g & worker,
+                                           other=0.0),
+                           tl.load(fb_lse_ptr + row * stride_fb_lse_row + heads, mask=in_g & fallback, other=0.0))
+        cpu_o = tl.where(worker[:, None],
+                         tl.load(cpu_o_ptr + row * stride_cpu_o_row + heads[:, None] * stride_cpu_o_head + d[None, :],
+                                 mask=tile & worker[:, None], other=0.0),
+                         tl.load(fb_o_ptr + row * stride_fb_o_row + heads[:, None] * stride_fb_o_head + d[None, :],
+                                 mask=tile & fallback[:, None], other=0.0).to(tl.float32))
+        o, lse = merge_tile(o, lse, cpu_o, tl.where(in_g, cpu_lse, float("-inf")))
+    out, out_lse = merge_tile(o, lse, est_o, est_lse)
+    tl.store(out_ptr + row * stride_out_row + heads[:, None] * stride_out_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=tile)
+    if WRITE_LSE:
+        tl.store(out_lse_ptr + row * stride_out_lse_row + heads, out_lse, mask=in_g)
+
+
+@functools.cache
+def _config(group_size, head_dim, topk, num_resident, cpu_part, write_lse):
+    return dict(GROUP_SIZE=group_size, HEAD_DIM=head_dim, TOPK_P2=p2(topk), RESIDENT=num_resident,
+                RESIDENT_P2=p2(num_resident), HAS_RESIDENT=num_resident > 0, CPU_PART=cpu_part, WRITE_LSE=write_lse,
+                PAD=PAD_BLOCK, BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)), BLOCK_N=_BLOCK_N,
+                BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)))
+
+
+def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
+    """Launch the estimate and the merge; arguments as estimate.merge_with_estimate (validated there)."""
+    rows, num_qo_heads, head_dim = q.shape
+    if rows == 0:
+        return
+    num_kv_heads = blocks.digest_min.shape[1]
+    resident = blocks.resident if blocks.resident is not None and blocks.resident.shape[2] > 0 else None
+    config = _config(num_qo_heads // num_kv_heads, head_dim, blocks.selected.shape[2],
+                     0 if resident is None else resident.shape[2], cpu is not None, out_lse is not None)
+    unused = blocks.counts  # pointer arguments that a disabled branch never reads
+    (resident, s_res), (slots, s_slots) = (or_unused(resident, unused, 2),
+                                           or_unused(None if resident is None else blocks.slots, unused, 1))
+    parts = (None,) * 4 if cpu is None else (cpu.cpu_o, cpu.cpu_lse, cpu.fb_o, cpu.fb_lse)
+    (cpu_o, s_cpu_o), (cpu_lse, s_cpu_lse), (fb_o, s_fb_o), (fb_lse, s_fb_lse) = (
+        or_unused(part, unused, part_dims) for part, part_dims in zip(parts, (2, 1, 2, 1)))
+    status = unused if cpu is None else cpu.status
+    out_lse_arg, s_out_lse = or_unused(out_lse, unused, 1)
+    _estimate_merge_kernel[(rows, num_kv_heads)](
+        q, blocks.digest_min, blocks.digest_max, blocks.value_mean, blocks.block_table, blocks.num_full,
+        blocks.selected, blocks.counts, resident, slots, o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out,
+        out_lse_arg,
+        *q.stride()[:2], *blocks.digest_min.stride()[:2], *blocks.digest_max.stride()[:2],
+        *blocks.value_mean.stride()[:2], blocks.block_table.stride(0), blocks.num_full.stride(0),
+        *blocks.selected.stride()[:2], blocks.counts.stride(0), *s_res, *s_slots, *o.stride()[:2], lse.stride(0),
+        *s_cpu_o, *s_cpu_lse, *s_fb_o, *s_fb_lse, *out.stride()[:2], *s_out_lse,
+        blocks.scale * _LOG2E, math.log(blocks.block_size),
+        **config,
+    )  # fmt: skip

@@ -81,6 +81,16 @@ def ask(base: str, samples, max_tokens: int) -> list[dict]:
     return answers
 
 
+def cosine_between(before: dict, after: dict) -> float | None:
+    """The mean predicted-query cosine of the queries predicted between two reports of the server's statistics."""
+    count = after["predicted_queries"] - before["predicted_queries"]
+    if count <= 0:
+        return None
+    total = (after["predicted_query_cosine"] or 0.0) * after["predicted_queries"] - (
+        (before["predicted_query_cosine"] or 0.0) * before["predicted_queries"])
+    return round(total / count, 6)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="prompt tokens per request")
@@ -119,22 +129,24 @@ def main(argv=None) -> int:
         with launched_server(model_dir, *server_args, env=env, log_path=log_path, device=device) as base:
             log(f"server up at {base} after {time.perf_counter() - start:.0f} s; sending {len(samples)} concurrent "
                 f"chat requests ({', '.join(map(str, args.contexts))} tokens) and one streaming request")
+            before = scout_stats(base)  # after SGLang's warm-up request (padding tokens: zero queries, cosine 0)
             start = time.perf_counter()
             answers = ask(base, samples, args.max_tokens)
             elapsed = time.perf_counter() - start
             stats = scout_stats(base)
+        stats["demo_predicted_query_cosine"] = cosine_between(before, stats)
         log("server stopped")
     for item in answers:
         mark = "right" if item["correct"] else "WRONG"
         print(f"{item['task']}, {item['prompt_tokens']} tokens, asking {item['query']!r}"
               f"{' (streamed)' if item['streamed'] else ''}: answered {item['answer']!r}, "
               f"expected {item['expected']!r} (sets in any order): {mark}")
-    cosine = stats["predicted_query_cosine"]
+    cosine = stats["demo_predicted_query_cosine"]
     print(f"co-attention since the server started (SGLang's warm-up request included): CPU compute ratio {stats['cpu_ratio']:.1%}, {stats['recalled_blocks']} blocks recalled "
           f"({stats['recall_mib']} MiB), CPU wait {stats['cpu_wait_ms']:.1f} ms over {stats['decode_steps']} decode "
           f"steps, CPU part launched one layer ahead {stats['cpu_launched_ahead_fraction']:.0%} of the time, "
-          f"predicted-query cosine {'none' if cosine is None else f'{cosine:.2f}'} (the query each offloaded layer "
-          "selected with, computed one layer ahead, against its real one)")
+          f"predicted-query cosine over this demo's requests {'none' if cosine is None else f'{cosine:.2f}'} (the "
+          "query each offloaded layer selected with, computed one layer ahead, against its real one)")
     memory = stats["memory"]
     print(f"KV memory (scout {memory['layout']} pool, 16384 logical tokens): {memory['device_bytes_allocated'] / 2**20:.2f} "
           f"MiB on the {device} ({memory['digest_bytes_allocated'] / 2**20:.2f} digests, "

@@ -168,10 +168,8 @@ class ReferenceDecoder:
             self.engine.predict(layer, self._predicted[layer])
         predicted = self._predicted.pop(layer, None)
         if predicted is not None:
-            predicted_rows, real_rows = predicted.float().flatten(1), q.float().flatten(1)
-            cosine = F.cosine_similarity(predicted_rows, real_rows, dim=-1)
-            defined = (predicted_rows.abs().amax(dim=-1) > 0) & (real_rows.abs().amax(dim=-1) > 0)  # as the server
-            self._cosines.setdefault(layer, []).extend(cosine[defined].tolist())
+            cosine = F.cosine_similarity(predicted.float().flatten(1), q.float().flatten(1), dim=-1)
+            self._cosines.setdefault(layer, []).extend(cosine.tolist())
         o = self.engine.attend(layer, q, key[:, :, 0].contiguous(), value[:, :, 0].contiguous())
         return o.unsqueeze(1).to(query.dtype), None
 

@@ -310,9 +310,8 @@ class ScoutAttnBackend:
         q = q.reshape(rows, heads, head_dim)
         predicted = None if self._graph_step else self._predicted.pop(layer_id, None)
         if predicted is not None:  # eager steps only: a graph's host reads nothing back
-            predicted_rows, real_rows = predicted.float().flatten(1), q.float().flatten(1)
-            defined = (predicted_rows.abs().amax(dim=-1) > 0) & (real_rows.abs().amax(dim=-1) > 0)
-            self.stats.add_cosines(torch.nn.functional.cosine_similarity(predicted_rows, real_rows, dim=-1), defined)
+            self.stats.add_cosines(torch.nn.functional.cosine_similarity(predicted.float().flatten(1),
+                                                                         q.float().flatten(1), dim=-1))
         self.engine.attend(layer_id, q, k.reshape(rows, kv_heads, head_dim), v.reshape(rows, kv_heads, head_dim),
                            out=out.view(rows, heads, head_dim))
         if layer_id == self.shape.num_layers - 1 and not self._graph_step:

@@ -51,7 +51,7 @@ GAUGES = {
     "scout_recall_backed_off_fraction": ("share of (request, layer, KV head) rows whose recall the brake holds "
                                          "back, over the recent steps", ("recall", "backed_off_fraction")),
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
-    "scout_predicted_query_cosine": ("mean cosine of predicted and real queries (zero queries left out)", ("predicted_query_cosine",)),
+    "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
     "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "
                               "its CPU part itself, else 0", ("cpu_worker", "device_only")),
     "scout_cpu_device_only_switches": ("times decoding went device-only since start-up",

@@ -32,7 +32,7 @@ class ServingStats:
     layers_with_cpu_work: int = 0
     timings: dict = field(default_factory=dict)
     cosine_sum: object = 0.0  # a 0-dim fp64 tensor on the queries' device once a cosine is added
-    cosine_count: object = 0  # a 0-dim int64 tensor on the queries' device once a cosine is added
+    cosine_count: int = 0
     admitted_requests: int = 0
     released_requests: int = 0
     prefix_hits: int = 0  # requests admitted with a cached prefix (radix cache)
@@ -63,15 +63,11 @@ class ServingStats:
         self.prefix_hits += 1
         self.prefix_tokens += tokens
 
-    def add_cosines(self, values, defined=None) -> None:
-        """Adds one layer's cosines [B] inside the layer loop without reading them: the sum and the count stay on
-        their device (a read here would be a device sync every layer) until a report reads them once.
-        defined : optional [B] bool, False where a query has zero norm and its cosine means nothing (SGLang's
-        warm-up request is all padding tokens on a model whose padding embedding is zero); those are left out."""
-        if defined is None:
-            defined = torch.ones_like(values, dtype=torch.bool)
-        self.cosine_sum = torch.where(defined, values, 0).sum(dtype=torch.float64) + self.cosine_sum
-        self.cosine_count = defined.sum(dtype=torch.int64) + self.cosine_count
+    def add_cosines(self, values) -> None:
+        """Adds one layer's cosines [B] inside the layer loop without reading them: the sum stays on their
+        device (a read here would be a device sync every layer) until a report reads it once."""
+        self.cosine_sum = values.sum(dtype=torch.float64) + self.cosine_sum
+        self.cosine_count += values.numel()
 
     def report(self, usage: dict) -> dict:
         budget = self.counters["budget_blocks"]
@@ -90,9 +86,9 @@ class ServingStats:
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
                                             if self.layers_with_cpu_work else 0.0),
-            "predicted_query_cosine": (round(float(self.cosine_sum) / int(self.cosine_count), 6)
-                                       if int(self.cosine_count) else None),
-            "predicted_queries": int(self.cosine_count),
+            "predicted_query_cosine": (round(float(self.cosine_sum) / self.cosine_count, 6)
+                                       if self.cosine_count else None),
+            "predicted_queries": self.cosine_count,
             "admitted_requests": self.admitted_requests,
             "released_requests": self.released_requests,
             "prefix": {"hits": self.prefix_hits, "prefill_tokens_saved": self.prefix_tokens},

@@ -22,7 +22,7 @@ test: $(STAMP)
 # merged, the window off by one, ...); the fast engine tests must fail on every
 # one. Runs on temporary copies; the checkout is never changed.
 mutants: $(STAMP)
-	$(PY) -P scripts/run_mutants.py
+	$(PY) -P scripts/run_mutants.py $(MUTANT_FLAGS)
 
 bench-quick: $(STAMP)
 	$(PY) -P benchmarks/bench_cpu_attention.py --quick

@@ -292,18 +292,34 @@ def report_mutant(result: dict) -> None:
           f"{test_files(result['tests'])}; {outcome}", flush=True)
 
 
-def check_all(plan: dict[Path, tuple[str, ...]], runs: list[tuple[str, ...]], jobs: int) -> tuple[list, list]:
+def check_all(plan: dict[Path, tuple[str, ...]], runs: list[tuple[str, ...]], jobs: int,
+              trusted_s: float | None = None) -> tuple[list, list]:
     """The baseline runs, and each mutant as soon as the unmutated runs of its tests have passed, while the other
-    baseline runs go on -> (the mutants' results, the failures of the unmutated copy)."""
+    baseline runs go on -> (the mutants' results, the failures of the unmutated copy).
+
+    trusted_s: the whole suite has just passed on the unmutated tree (CI runs it first), so no baseline runs; each
+    run a mutant needs counts as having taken trusted_s seconds, which bounds the mutant's run as below."""
     results, broken = [], []
     with tempfile.TemporaryDirectory(prefix="scout-mutants-") as tmp, \
             concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         snapshot, slots = take_snapshot(Path(tmp)), Slots(Path(tmp), jobs)
-        baseline = {pool.submit(in_slot, slots, snapshot, None, run, first_failure=False, timeout=None): run
-                    for run in runs}
-        passed: dict[tuple[str, ...], float] = {}  # baseline run -> its seconds
+        baseline = {} if trusted_s is not None else {
+            pool.submit(in_slot, slots, snapshot, None, run, first_failure=False, timeout=None): run for run in runs}
+        # baseline run -> its seconds
+        passed: dict[tuple[str, ...], float] = dict.fromkeys(runs, trusted_s) if trusted_s is not None else {}
         waiting, mutants = dict(plan), set()
+
+        def start_ready() -> None:
+            for patch, tests in list(waiting.items()):
+                needed = [run for run in runs if selections(run) & selections(tests)]
+                if all(run in passed for run in needed):
+                    # Well past what the unmutated runs took: a mutant that hangs is stopped there.
+                    timeout = 120 + 2 * sum(passed[run] for run in needed)
+                    mutants.add(pool.submit(check_mutant, slots, snapshot, patch, tests, timeout))
+                    del waiting[patch]
+
         try:
+            start_ready()
             while (baseline or mutants) and not broken:
                 done, _ = concurrent.futures.wait([*baseline, *mutants],
                                                   return_when=concurrent.futures.FIRST_COMPLETED)
@@ -317,13 +333,7 @@ def check_all(plan: dict[Path, tuple[str, ...]], runs: list[tuple[str, ...]], jo
                         mutants.discard(future)
                         results.append(future.result())
                         report_mutant(results[-1])
-                for patch, tests in list(waiting.items()):
-                    needed = [run for run in runs if selections(run) & selections(tests)]
-                    if all(run in passed for run in needed):
-                        # Well past what the unmutated runs took: a mutant that hangs is stopped there.
-                        timeout = 120 + 2 * sum(passed[run] for run in needed)
-                        mutants.add(pool.submit(check_mutant, slots, snapshot, patch, tests, timeout))
-                        del waiting[patch]
+                start_ready()
         finally:  # done, the unmutated copy failed, or ^C (which does not reach runs in sessions of their own)
             for future in [*baseline, *mutants]:
                 future.cancel()
@@ -337,6 +347,9 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="copies tested at once (default 2)")
     parser.add_argument("--only", nargs="*", help="mutant names (file stems in tests/mutants)")
     parser.add_argument("--dry-run", action="store_true", help="print each mutant's files and tests; run nothing")
+    parser.add_argument("--after-suite", action="store_true",
+                        help="the whole test suite has just passed on this tree (CI runs it first): skip the runs "
+                             "on unmutated copies; each mutant's run is bounded as if each of its lists took 600 s")
     args = parser.parse_args(argv)
     patches = sorted(MUTANTS_DIR.glob("*.patch"))
     if args.only:
@@ -360,8 +373,11 @@ def main(argv=None) -> int:
     if args.dry_run or unmapped:
         return 1 if unmapped else 0
     started = time.perf_counter()
-    print(f"[mutants] baseline: {len(runs)} runs on unmutated copies, each test of every list once", flush=True)
-    results, broken = check_all(plan, runs, max(1, args.jobs))
+    if args.after_suite:
+        print("[mutants] no baseline: the whole suite has just passed on the unmutated tree", flush=True)
+    else:
+        print(f"[mutants] baseline: {len(runs)} runs on unmutated copies, each test of every list once", flush=True)
+    results, broken = check_all(plan, runs, max(1, args.jobs), trusted_s=600.0 if args.after_suite else None)
     if broken:
         print(f"[mutants] the unmutated copy fails: {sorted(set(broken))}")
         return 1

@@ -269,7 +269,7 @@ def checks(drops, rows=()) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="2048 tokens, budgets 1/8 and 1/16, 8 sequences per task, one noise cosine, engine only")
+                        help="2048 tokens, budgets 1/8 and 1/16, 4 sequences per task, one noise cosine, engine only")
     parser.add_argument("--tasks", nargs="+", default=None, help="default: all four")
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048])
     parser.add_argument("--fractions", type=int, nargs="+", default=[4, 8, 16, 32], help="budget = context / fraction")
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
 
     tasks_ = args.tasks or list(tasks.TASKS)
     if args.quick:
-        args.contexts, args.fractions, args.samples, args.cosines, args.no_server = [2048], [8, 16], 8, [0.8], True
+        args.contexts, args.fractions, args.samples, args.cosines, args.no_server = [2048], [8, 16], 4, [0.8], True
     unknown = sorted(set(tasks_) - set(tasks.TASKS))
     if unknown or any(f < 1 for f in args.fractions) or any(not 0 <= c <= 1 for c in args.cosines):
         parser.error(f"tasks must be among {tasks.TASKS}, fractions >= 1, cosines in [0, 1]")

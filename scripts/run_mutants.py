@@ -12,6 +12,9 @@ update its patch) or changes a file no entry covers.
 
     python -P scripts/run_mutants.py [--jobs 2] [--only NAME ...] [--dry-run]
 
+--dry-run also checks that every patch still applies and maps to tests: the suite runs it (test_mutant_patches.py),
+so a rewrite that leaves a patch behind fails in seconds, not at the end of CI.
+
 Each job slot makes its copies at the same path, so that they share the native kernel's build (torch's ninja
 build compiles again when the source's path changes): SCOUT_NATIVE_BUILD_DIR names one build folder per slot and
 per content of the kernel's sources. The unmutated kernel compiles once per slot, a mutated header once for its
@@ -194,6 +197,14 @@ def make_copy(snapshot: Path, copy: Path, patch: Path | None) -> None:
         (copy / "scout_sglang" / package).symlink_to(copy / folder)
 
 
+def applies(patch: Path) -> bool:
+    """Whether the patch still applies to this checkout (checked, never applied); prints why not."""
+    checked = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
+    if checked.returncode:
+        print(f"[mutants] {patch.stem} no longer applies (update its patch): {checked.stderr.strip()}", flush=True)
+    return checked.returncode == 0
+
+
 def run_tests(copy: Path, build_dir: Path, args: tuple[str, ...], *, first_failure: bool, timeout: float | None,
               running: set[subprocess.Popen]) -> dict:
     """pytest over `args` in the copy -> {code, failed (test ids), summary (last line), seconds, timed_out}."""
@@ -346,7 +357,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2, help="copies tested at once (default 2)")
     parser.add_argument("--only", nargs="*", help="mutant names (file stems in tests/mutants)")
-    parser.add_argument("--dry-run", action="store_true", help="print each mutant's files and tests; run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print each mutant's files and tests, check that every patch applies; run no test")
     parser.add_argument("--after-suite", action="store_true",
                         help="the whole test suite has just passed on this tree (CI runs it first): skip the runs "
                              "on unmutated copies; each mutant's run is bounded as if each of its lists took 600 s")
@@ -365,13 +376,15 @@ def main(argv=None) -> int:
             unmapped.append(patch.stem)
             print(f"[mutants] {patch.stem}: {error}", flush=True)
     runs = baseline_runs(list(dict.fromkeys(plan.values())))
+    stale = []
     if args.dry_run:
         for patch, tests in plan.items():
             print(f"[mutants] {patch.stem}: {' '.join(patched_files(patch))} -> {test_files(tests)}")
         for run in runs:
             print(f"[mutants] baseline run: {test_files(run)}")
+        stale = [patch.stem for patch in patches if not applies(patch)]
     if args.dry_run or unmapped:
-        return 1 if unmapped else 0
+        return 1 if unmapped or stale else 0
     started = time.perf_counter()
     if args.after_suite:
         print("[mutants] no baseline: the whole suite has just passed on the unmutated tree", flush=True)

@@ -126,7 +126,8 @@ def scored(samples, answers) -> tuple[list[bool], list[float]]:
             [s.partial_credit(a) for s, a in zip(samples, answers)])
 
 
-def run_engine(model, tasks_, contexts, fractions, count, cosines, noise_fraction) -> tuple[list[dict], dict]:
+def run_engine(model, tasks_, contexts, fractions, count, cosines, noise_fraction,
+               variants=VARIANTS) -> tuple[list[dict], dict]:
     """Every variant through the engine -> (rows, the answers by (task, context, fraction, variant))."""
     from oracle_selection import oracle_engine
 
@@ -146,7 +147,7 @@ def run_engine(model, tasks_, contexts, fractions, count, cosines, noise_fractio
             for fraction in fractions:
                 rows.append(cell("engine", task, "full", context, fraction, correct, credits=credits))
                 answers[(task, context, fraction, "full")] = full.tokens
-                for variant in VARIANTS[1:]:
+                for variant in variants[1:]:
                     mode, estimate = split_variant(variant)
                     run = engine_generate(model, samples, engine_config(mode, context // fraction, estimate=estimate),
                                           batch_size=BATCH, prefills=full.prefills,
@@ -173,7 +174,8 @@ def run_engine(model, tasks_, contexts, fractions, count, cosines, noise_fractio
     return rows, answers
 
 
-def run_server(model_dir, tasks_, context, fraction, count, engine_answers, log_dir: Path) -> list[dict]:
+def run_server(model_dir, tasks_, context, fraction, count, engine_answers, log_dir: Path,
+               variants=SERVER_VARIANTS) -> list[dict]:
     """Every mode, the estimate off and on, through the server at one budget; per cell, how many answers are the
     engine's (the same sequences, the same settings)."""
     from scout_sglang.retrieval.evaluate import server_answers
@@ -183,7 +185,7 @@ def run_server(model_dir, tasks_, context, fraction, count, engine_answers, log_
     log_dir.mkdir(parents=True, exist_ok=True)
     args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(8 * (context + 64)),
             "--max-running-requests", "8", "--disable-radix-cache")
-    for variant in SERVER_VARIANTS:
+    for variant in variants:
         mode, estimate = split_variant(variant)
         start = time.perf_counter()
         with launched_server(model_dir, *args, env=server_env(mode, context // fraction, estimate=estimate),
@@ -274,12 +276,16 @@ def main(argv=None) -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048])
     parser.add_argument("--fractions", type=int, nargs="+", default=[4, 8, 16, 32], help="budget = context / fraction")
     parser.add_argument("--samples", type=int, default=128, help="held-out sequences per task and context")
-    parser.add_argument("--cosines", type=float, nargs="+", default=[0.95, 0.9, 0.8, 0.6])
+    parser.add_argument("--cosines", type=float, nargs="*", default=[0.95, 0.9, 0.8, 0.6],
+                        help="prediction cosines of the noise sweep (none: no sweep)")
     parser.add_argument("--noise-fraction", type=int, default=16, help="the budget of the noise sweep")
     parser.add_argument("--server-samples", type=int, default=32, help="sequences per task through the server")
     parser.add_argument("--no-server", action="store_true", help="skip the SGLang server path")
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the bundled ruler-llama)")
+    parser.add_argument("--variants", nargs="+", default=None, choices=VARIANTS[1:], metavar="VARIANT",
+                        help=f"the sparse variants to run (full always runs); default: all of {list(VARIANTS[1:])}")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="accuracy", help="file stem of the results (default: accuracy)")
     args = parser.parse_args(argv)
 
     import torch
@@ -296,20 +302,21 @@ def main(argv=None) -> int:
     unknown = sorted(set(tasks_) - set(tasks.TASKS))
     if unknown or any(f < 1 for f in args.fractions) or any(not 0 <= c <= 1 for c in args.cosines):
         parser.error(f"tasks must be among {tasks.TASKS}, fractions >= 1, cosines in [0, 1]")
+    variants = ("full", *(v for v in VARIANTS[1:] if args.variants is None or v in args.variants))
     model_dir = args.model or bundled_model_dir("ruler-llama")
     model = load_model(model_dir)
     dense_layers = list(engine_config("scout", 256).dense_layers)
     log(f"model {model_dir.name}: tasks {tasks_}, contexts {args.contexts}, budgets 1/{args.fractions}, "
-        f"{args.samples} sequences each, variants {list(VARIANTS)}, noise cosines {args.cosines} at "
+        f"{args.samples} sequences each, variants {list(variants)}, noise cosines {args.cosines} at "
         f"1/{args.noise_fraction}")
     started = time.perf_counter()
     rows, answers = run_engine(model, tasks_, args.contexts, args.fractions, args.samples, args.cosines,
-                               args.noise_fraction)
+                               args.noise_fraction, variants)
     server_samples = 0 if args.no_server else min(args.server_samples, args.samples)
     if server_samples:
         server_answers_of = {key: tokens[:server_samples] for key, tokens in answers.items()}
         rows += run_server(model_dir, tasks_, args.contexts[0], 8, server_samples, server_answers_of,
-                           args.out / "server-logs")
+                           args.out / "server-logs", [v for v in variants if v in SERVER_VARIANTS])
     drops = comparisons(rows)
     verdict = checks(drops, rows)
     meta = {"model": model_dir.name, "samples": args.samples, "device": "cpu (engine and server)",
@@ -321,11 +328,11 @@ def main(argv=None) -> int:
             **verdict}))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "accuracy.json").write_text(json.dumps({"meta": meta, "rows": rows, "drops": drops,
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "drops": drops,
                                                         "checks": verdict}, indent=1))
-    (args.out / "accuracy.md").write_text(markdown(rows, drops, verdict, meta))
-    plot(rows, drops, args.out / "accuracy.png")
-    log(f"wrote {args.out}/accuracy.{{json,md,png}} in {meta['seconds']:.0f} s")
+    (args.out / f"{args.name}.md").write_text(markdown(rows, drops, verdict, meta))
+    plot(rows, drops, args.out / f"{args.name}.png")
+    log(f"wrote {args.out}/{args.name}.{{json,md,png}} in {meta['seconds']:.0f} s")
     print(json.dumps(verdict))
     return 0
 

@@ -144,3 +144,9 @@ def test_the_harness_keeps_this_machines_paths_out_of_the_results_it_writes(tmp_
     results.write_text(json.dumps({"config_source": f"{harness.REPO}/.venv-harness/lm_eval/tasks/x.yaml"}))
     harness.strip_machine_paths(results)
     assert json.loads(results.read_text()) == {"config_source": "<repo>/.venv-harness/lm_eval/tasks/x.yaml"}
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--variants", "scout", "scout+guess"])
+    assert "invalid choice: 'scout+guess'" in capsys.readouterr().err

@@ -1,0 +1,183 @@
+"""What limits the estimate of the unattended blocks: its key summary, its mass or its value, measured on the suite.
+
+The estimate (kernels/estimate.py) counts every unattended full block b as n_b copies of one key, the midpoint of
+its digest, and one value, its mean value. Two things can be wrong: the block's mass (sum_i exp(s q.k_i)) and the
+direction of its value (the attention-weighted mean of its values). This benchmark swaps the torch path's estimate
+for variants that get one or both right, on the same sequences (paired), in Scout:
+
+    plain         no estimate (SCOUT_ESTIMATE=off)
+    midpoint      the estimate as it ships: the digest's midpoint, the mean value
+    mean-key      the block's mean key instead of the midpoint
+    mean-key+var  the mean key plus the Gaussian second-order term 1/2 s^2 sum_c q_c^2 var_c (per-channel variance)
+    true-mass     each block's exact mass, with the mean value
+    true-value    the midpoint's mass, with each block's exact attention-weighted value
+    exact         both exact: attention over the unattended blocks as dense attention does it (no summary can do
+                  better: with the same selection, this is what the estimate stands in for)
+
+Every variant but `midpoint` and `plain` reads every key of the context (the raw pages of the host store): a
+diagnosis, not a mode to serve. Writes benchmarks/results/estimate_diagnosis.{json,md}.
+
+    python -P benchmarks/estimate_diagnosis.py                      # chain, common, values at 1/8 and 1/16, 64 each
+    python -P benchmarks/estimate_diagnosis.py --tasks chain --fractions 16 --samples 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_accuracy as suite  # noqa: E402  (the suite's sequences, settings and statistics)
+
+from scout_sglang.kernels import estimate as shipped  # noqa: E402
+
+VARIANTS = ("plain", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "exact")
+RAW_PAGES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # value_mean's data_ptr -> that layer's K, V pages
+
+
+def variant_estimate(variant: str):
+    """estimate_torch(q, blocks) of a variant: (o [B, Hq, D] fp32, lse [B, Hq] fp32) over the unattended blocks."""
+
+    def estimate(q: torch.Tensor, blocks) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size, num_qo_heads, head_dim = q.shape
+        num_kv_heads = blocks.digest_min.shape[1]
+        pages = blocks.block_table.clamp(min=0).long()  # [B, NB]; padding reads page 0, masked below
+        k_pages, v_pages = RAW_PAGES[blocks.value_mean.data_ptr()]
+        keys = k_pages[pages].float().transpose(1, 2)  # [B, Hkv, NB, S, D]
+        values = v_pages[pages].float().transpose(1, 2)
+        qf = q.float().view(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim)
+        token_logits = torch.einsum("bhgd,bhnsd->bhgns", qf, keys) * blocks.scale  # [B, Hkv, G, NB, S]
+        midpoint = (blocks.digest_min[pages] + blocks.digest_max[pages]).float().transpose(1, 2) * 0.5
+        mean_key = keys.mean(dim=3)
+        summary_logits = torch.einsum("bhgd,bhnd->bhgn", qf, midpoint if variant in ("midpoint", "true-value")
+                                      else mean_key) * blocks.scale + math.log(blocks.block_size)
+        if variant == "mean-key+var":
+            variance = keys.var(dim=3, unbiased=False)
+            summary_logits = summary_logits + 0.5 * blocks.scale ** 2 * torch.einsum("bhgd,bhnd->bhgn", qf * qf,
+                                                                                      variance)
+        logits = torch.logsumexp(token_logits, dim=-1) if variant in ("true-mass", "exact") else summary_logits
+        mean_value = blocks.value_mean[pages].float().transpose(1, 2).unsqueeze(2)  # [B, Hkv, 1, NB, D]
+        block_value = torch.einsum("bhgns,bhnsd->bhgnd", torch.softmax(token_logits, dim=-1), values) \
+            if variant in ("true-value", "exact") else mean_value
+        logits = logits.masked_fill(~shipped.unattended_mask(blocks).unsqueeze(2), float("-inf"))
+        lse = torch.logsumexp(logits, dim=-1)  # [B, Hkv, G]
+        finite = torch.isfinite(lse)
+        weights = torch.where(finite.unsqueeze(-1), torch.exp(logits - torch.where(finite, lse, 0.0).unsqueeze(-1)),
+                              0.0)
+        o = torch.einsum("bhgn,bhgnd->bhgd", weights, block_value.expand(-1, -1, weights.shape[2], -1, -1))
+        return o.reshape(batch_size, num_qo_heads, head_dim), lse.reshape(batch_size, num_qo_heads)
+
+    return estimate
+
+
+@contextlib.contextmanager
+def estimated_as(variant: str):
+    """The torch path's estimate replaced by `variant`'s for the block (midpoint and plain: the shipped one)."""
+    if variant in ("plain", "midpoint"):
+        yield
+        return
+    kept = shipped.estimate_torch
+    shipped.estimate_torch = variant_estimate(variant)
+    try:
+        yield
+    finally:
+        shipped.estimate_torch = kept
+
+
+def recording_engine(max_requests: int, max_tokens_per_request: int):
+    """A factory engine(config, shape) for the reference decoder that records each layer's raw K/V pages by its
+    value-mean store (the rows of the summaries are the pages of that store)."""
+    from scout_sglang.core.engine import CoAttentionEngine
+
+    def build(config, shape):
+        engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=max_requests,
+                                   max_tokens_per_request=max_tokens_per_request, track_changes=False)
+        full, off = engine.full_store, engine.offloaded
+        for store, k, v in ((full, getattr(full, "k", {}), getattr(full, "v", {})),
+                            (off, getattr(off, "host_k", {}), getattr(off, "host_v", {}))):
+            for layer, means in getattr(store, "value_mean", {}).items():
+                RAW_PAGES[means.data_ptr()] = (k[layer], v[layer])
+        return engine
+
+    return build
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", default=["chain", "common", "values"])
+    parser.add_argument("--fractions", type=int, nargs="+", default=[8, 16], help="budget = 2048 / fraction")
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--out", type=Path, default=suite.RESULTS)
+    args = parser.parse_args(argv)
+    from scout_sglang.retrieval import tasks
+    from scout_sglang.retrieval.evaluate import answer_length, bundled_model_dir, engine_generate, load_model
+
+    if set(args.tasks) - set(tasks.TASKS) or any(f < 1 for f in args.fractions) or args.samples < 1:
+        parser.error(f"tasks among {tasks.TASKS}, fractions >= 1, samples >= 1")
+    context, started = 2048, time.perf_counter()
+    model = load_model(bundled_model_dir("ruler-llama"))
+    rows = []
+    for task in args.tasks:
+        samples = suite.suite_samples(task, args.samples, context)
+        longest = max(len(s.prompt) + answer_length(s) for s in samples)
+        full = engine_generate(model, samples, suite.engine_config("full", context), batch_size=suite.BATCH,
+                               keep_prefills=True)
+        full_correct, _ = suite.scored(samples, full.tokens)
+        suite.log(f"diagnosis {task}: full {sum(full_correct)} of {len(samples)}")
+        for fraction in args.fractions:
+            correct = {"full": full_correct}
+            for variant in args.variants:
+                config = suite.engine_config("scout", context // fraction, estimate=variant != "plain")
+                with estimated_as(variant):
+                    run = engine_generate(model, samples, config, batch_size=suite.BATCH, prefills=full.prefills,
+                                          engine=recording_engine(suite.BATCH, longest))
+                RAW_PAGES.clear()
+                correct[variant], _ = suite.scored(samples, run.tokens)
+                suite.log(f"diagnosis {task} 1/{fraction} {variant:13s} {sum(correct[variant])} of {len(samples)} "
+                          f"({time.perf_counter() - started:.0f} s)")
+            for variant, bits in correct.items():
+                row = suite.cell("engine", task, variant, context, fraction, bits)
+                for base in ("full", "midpoint"):
+                    if base in correct and base != variant:
+                        row[f"drop_from_{base}"] = suite.paired_drop(correct[base], bits)  # positive: worse
+                rows.append(row)
+    meta = {"model": "ruler-llama", "samples": args.samples, "context": context, "mode": "scout",
+            "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "estimate_diagnosis.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "estimate_diagnosis.md").write_text(markdown(rows, meta))
+    suite.log(f"wrote {args.out}/estimate_diagnosis.{{json,md}} in {meta['seconds']:.0f} s")
+    return 0
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    variants = [v for v in ("full", *VARIANTS) if any(r["mode"] == v for r in rows)]
+    lines = [f"# What limits the estimate ({meta['model']}, Scout, {meta['context']} tokens)", "",
+             f"{meta['samples']} held-out sequences per task, every variant on the same sequences. Cells: correct "
+             "sequences, and in brackets the paired change against `midpoint` (the estimate as it ships), in "
+             "sequences. Variants other than `plain` and `midpoint` read every key (benchmarks/estimate_diagnosis.py "
+             "says what each gets right).", "",
+             "| task | budget | " + " | ".join(variants) + " |", "|---|---:|" + "---:|" * len(variants)]
+    cells = {(r["task"], r["fraction"], r["mode"]): r for r in rows}
+    for task, fraction in dict.fromkeys((r["task"], r["fraction"]) for r in rows):
+        shown = []
+        for variant in variants:
+            row, base = cells[(task, fraction, variant)], cells.get((task, fraction, "midpoint"))
+            text = str(row["correct"].count("1"))
+            if base is not None and variant not in ("midpoint", "full"):
+                text += f" ({row['correct'].count('1') - base['correct'].count('1'):+d})"
+            shown.append(text)
+        lines.append(f"| {task} | 1/{fraction} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""benchmarks/estimate_diagnosis.py: its variants of the estimate compute what they claim. `midpoint` is the
+shipped estimate; `exact` is attention over every token of the unattended blocks; `true-mass` and `true-value`
+each take one half from `exact` and the other from the summaries."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from support import assert_close
+from test_kernels_estimate import BLOCK, HEADS, SCALE, layer
+
+from scout_sglang import reference
+from scout_sglang.kernels.estimate import estimate_torch, unattended_mask
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def diagnosis():
+    spec = importlib.util.spec_from_file_location("estimate_diagnosis", ROOT / "benchmarks" / "estimate_diagnosis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_pages(diagnosis, group, seed=0):
+    q, blocks, (k_pages, v_pages) = layer(group, seed=seed)
+    diagnosis.RAW_PAGES[blocks.value_mean.data_ptr()] = (k_pages, v_pages)
+    return q, blocks, (k_pages, v_pages)
+
+
+def dense_over_unattended(q, blocks, k_pages, v_pages):
+    """Per row: attention over every token of the blocks the layer attends nowhere (blocks of one token each)."""
+    mask = unattended_mask(blocks)
+    out_o, out_lse = [], []
+    for b in range(q.shape[0]):
+        pages = blocks.block_table[b].clamp(min=0).long()
+        keys = k_pages[pages].transpose(1, 2).reshape(-1, HEADS, k_pages.shape[-1])  # [NB * S, Hkv, D]
+        values = v_pages[pages].transpose(1, 2).reshape(-1, HEADS, v_pages.shape[-1])
+        tokens = [[j * BLOCK + s for j in mask[b, h].nonzero().flatten().tolist() for s in range(BLOCK)]
+                  for h in range(HEADS)]
+        o, lse = reference.estimate_blocks(q[b], keys, values, tokens, block_size=1, scale=SCALE)
+        out_o.append(o)
+        out_lse.append(lse)
+    return torch.stack(out_o), torch.stack(out_lse)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_midpoint_is_the_shipped_estimate_and_exact_is_attention_over_the_unattended_tokens(diagnosis, group):
+    q, blocks, (k_pages, v_pages) = with_pages(diagnosis, group)
+    for got, expected in zip(diagnosis.variant_estimate("midpoint")(q, blocks), estimate_torch(q, blocks)):
+        assert_close(got, expected, torch.float32)
+    exact_o, exact_lse = diagnosis.variant_estimate("exact")(q, blocks)
+    dense_o, dense_lse = dense_over_unattended(q, blocks, k_pages, v_pages)
+    assert_close(exact_o, dense_o, torch.float32)
+    assert_close(exact_lse, dense_lse, torch.float32, lse=True)
+    shipped_o, shipped_lse = estimate_torch(q, blocks)
+    assert (exact_o - shipped_o).abs().max() > 0.05  # random keys: the summaries are not exact
+
+
+def test_true_mass_and_true_value_take_one_half_each_from_exact(diagnosis):
+    q, blocks, _ = with_pages(diagnosis, 2, seed=3)
+    exact_o, exact_lse = diagnosis.variant_estimate("exact")(q, blocks)
+    shipped_o, shipped_lse = estimate_torch(q, blocks)
+    true_mass_o, true_mass_lse = diagnosis.variant_estimate("true-mass")(q, blocks)
+    true_value_o, true_value_lse = diagnosis.variant_estimate("true-value")(q, blocks)
+    assert_close(true_mass_lse, exact_lse, torch.float32, lse=True)
+    assert_close(true_value_lse, shipped_lse, torch.float32, lse=True)
+    assert (true_mass_o - exact_o).abs().max() > 0.05 and (true_value_o - shipped_o).abs().max() > 0.05
+
+
+def test_the_variants_are_swapped_in_and_restored(diagnosis):
+    import scout_sglang.kernels.estimate as shipped
+
+    kept = shipped.estimate_torch
+    with diagnosis.estimated_as("exact"):
+        assert shipped.estimate_torch is not kept
+    with diagnosis.estimated_as("midpoint"):
+        assert shipped.estimate_torch is kept
+    assert shipped.estimate_torch is kept

@@ -105,7 +105,7 @@ def markdown(rows, drops, verdict, meta) -> str:
 
 def target_lines(verdict) -> list[str]:
     def mark(ok):
-        return "met" if ok else "NOT met"
+        return "not measured" if ok is None else "met" if ok else "NOT met"
 
     worst_estimate, worst_quest = verdict.get("estimate_worst_cell"), verdict.get("scout_worst_against_quest")
     return [

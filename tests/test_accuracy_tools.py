@@ -64,10 +64,21 @@ def test_the_checks_report_issue_47s_targets():
     assert verdict["common_scout_est"] == {8: 90.0, 16: 80.0}
     assert verdict["common_at_least_90_at_1_8"] and verdict["common_at_least_80_at_1_16"]
     assert verdict["estimate_never_costs_more_than_1_in_64"]
-    assert not verdict["scout_within_2_of_quest"] and verdict["scout_worst_against_quest"] == (10.0, "common", 16)
+    assert verdict["scout_within_2_of_quest"] is False and verdict["scout_worst_against_quest"] == (10.0, "common", 16)
     table += rows("values", 8, {"full": "1111", "scout": "1111", "scout+est": "1101"})
     verdict = bench.checks(bench.comparisons(table), table)
-    assert not verdict["scout_est_within_2_at_1_8"] and not verdict["estimate_never_costs_more_than_1_in_64"]
+    assert verdict["scout_est_within_2_at_1_8"] is False
+    assert verdict["estimate_never_costs_more_than_1_in_64"] is False
+
+
+def test_a_target_whose_cells_did_not_run_is_not_measured_rather_than_missed():
+    table = rows("common", 8, {"full": "1111", "scout": "1100", "scout+est": "1110"})  # no quest, no 1/16
+    verdict = bench.checks(bench.comparisons(table), table)
+    assert verdict["scout_within_2_of_quest"] is None and verdict["common_at_least_80_at_1_16"] is None
+    assert verdict["common_at_least_90_at_1_8"] is False and verdict["estimate_never_costs_more_than_1_in_64"]
+    assert verdict["scout_est_within_2_at_1_8"] is None  # only common ran: the target is on the other tasks
+    lines = report.target_lines(verdict)
+    assert any("Quest in every cell: not measured" in line for line in lines)
 
 
 def test_partial_credit_is_the_share_of_the_answers_words_found():

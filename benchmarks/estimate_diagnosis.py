@@ -11,6 +11,9 @@ for variants that get one or both right, on the same sequences (paired), in Scou
     mean-key+var  the mean key plus the Gaussian second-order term 1/2 s^2 sum_c q_c^2 var_c (per-channel variance)
     true-mass     each block's exact mass, with the mean value
     true-value    the midpoint's mass, with each block's exact attention-weighted value
+    halves        each block as two sub-blocks, each with its own digest midpoint and mean value (the cost of a
+                  value summary that follows the query by splitting: twice the summaries)
+    quarters      the same with four sub-blocks
     exact         both exact: attention over the unattended blocks as dense attention does it (no summary can do
                   better: with the same selection, this is what the estimate stands in for)
 
@@ -38,7 +41,8 @@ import bench_accuracy as suite  # noqa: E402  (the suite's sequences, settings a
 
 from scout_sglang.kernels import estimate as shipped  # noqa: E402
 
-VARIANTS = ("plain", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "exact")
+VARIANTS = ("plain", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "halves", "quarters", "exact")
+SUB_BLOCKS = {"halves": 2, "quarters": 4}  # variants that summarise each block as that many sub-blocks
 RAW_PAGES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # value_mean's data_ptr -> that layer's K, V pages
 
 
@@ -66,6 +70,8 @@ def variant_estimate(variant: str):
         mean_value = blocks.value_mean[pages].float().transpose(1, 2).unsqueeze(2)  # [B, Hkv, 1, NB, D]
         block_value = torch.einsum("bhgns,bhnsd->bhgnd", torch.softmax(token_logits, dim=-1), values) \
             if variant in ("true-value", "exact") else mean_value
+        if variant in SUB_BLOCKS:
+            logits, block_value = sub_block_estimate(qf, keys, values, SUB_BLOCKS[variant], blocks.scale)
         logits = logits.masked_fill(~shipped.unattended_mask(blocks).unsqueeze(2), float("-inf"))
         lse = torch.logsumexp(logits, dim=-1)  # [B, Hkv, G]
         finite = torch.isfinite(lse)
@@ -75,6 +81,20 @@ def variant_estimate(variant: str):
         return o.reshape(batch_size, num_qo_heads, head_dim), lse.reshape(batch_size, num_qo_heads)
 
     return estimate
+
+
+def sub_block_estimate(qf, keys, values, parts: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each block as `parts` sub-blocks, each its digest's midpoint and its mean value -> the block's logit
+    (log of its estimated mass) [B, Hkv, G, NB] and its value [B, Hkv, G, NB, D]."""
+    batch_size, num_kv_heads, width, block_size, head_dim = keys.shape
+    if block_size % parts:
+        raise ValueError(f"blocks of {block_size} tokens do not split into {parts} sub-blocks")
+    sub_keys = keys.view(batch_size, num_kv_heads, width, parts, block_size // parts, head_dim)
+    midpoint = (sub_keys.amin(dim=4) + sub_keys.amax(dim=4)) * 0.5  # [B, Hkv, NB, parts, D]
+    mean_value = values.view(sub_keys.shape).mean(dim=4)
+    sub_logits = torch.einsum("bhgd,bhnmd->bhgnm", qf, midpoint) * scale + math.log(block_size // parts)
+    block_value = torch.einsum("bhgnm,bhnmd->bhgnd", torch.softmax(sub_logits, dim=-1), mean_value)
+    return torch.logsumexp(sub_logits, dim=-1), block_value
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ shipped estimate; `exact` is attention over every token of the unattended blocks
 each take one half from `exact` and the other from the summaries."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,22 @@ def test_the_variants_are_swapped_in_and_restored(diagnosis):
     with diagnosis.estimated_as("midpoint"):
         assert shipped.estimate_torch is kept
     assert shipped.estimate_torch is kept
+
+
+def test_sub_blocks_of_one_token_are_exact_and_one_sub_block_is_the_midpoint(diagnosis):
+    q, blocks, (k_pages, v_pages) = with_pages(diagnosis, 2, seed=5)
+    qf = q.float().view(q.shape[0], HEADS, 2, q.shape[-1])
+    pages = blocks.block_table.clamp(min=0).long()
+    keys, values = k_pages[pages].transpose(1, 2), v_pages[pages].transpose(1, 2)
+    one_token_logits, one_token_value = diagnosis.sub_block_estimate(qf, keys, values, BLOCK, SCALE)
+    token_logits = torch.einsum("bhgd,bhnsd->bhgns", qf, keys) * SCALE
+    assert_close(one_token_logits, torch.logsumexp(token_logits, dim=-1), torch.float32)
+    exact_value = torch.einsum("bhgns,bhnsd->bhgnd", torch.softmax(token_logits, dim=-1), values)
+    assert_close(one_token_value, exact_value, torch.float32)
+    whole_logits, _ = diagnosis.sub_block_estimate(qf, keys, values, 1, SCALE)
+    midpoint = (blocks.digest_min[pages] + blocks.digest_max[pages]).transpose(1, 2) * 0.5
+    assert_close(whole_logits, torch.einsum("bhgd,bhnd->bhgn", qf, midpoint) * SCALE + math.log(BLOCK), torch.float32)
+    halves_o, _ = diagnosis.variant_estimate("halves")(q, blocks)
+    exact_o, _ = diagnosis.variant_estimate("exact")(q, blocks)
+    shipped_o, _ = estimate_torch(q, blocks)
+    assert (halves_o - exact_o).abs().max() > 1e-3 and (halves_o - shipped_o).abs().max() > 1e-3

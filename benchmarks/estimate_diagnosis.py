@@ -22,6 +22,8 @@ diagnosis, not a mode to serve. Writes benchmarks/results/estimate_diagnosis.{js
 
     python -P benchmarks/estimate_diagnosis.py                      # chain, common, values at 1/8 and 1/16, 64 each
     python -P benchmarks/estimate_diagnosis.py --tasks chain --fractions 16 --samples 16
+    python -P benchmarks/estimate_diagnosis.py --tasks chain common --variants midpoint halves quarters \
+        --name estimate_diagnosis_subblocks
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--out", type=Path, default=suite.RESULTS)
+    parser.add_argument("--name", default="estimate_diagnosis", help="file stem of the results")
     args = parser.parse_args(argv)
     from scout_sglang.retrieval import tasks
     from scout_sglang.retrieval.evaluate import answer_length, bundled_model_dir, engine_generate, load_model
@@ -172,9 +175,9 @@ def main(argv=None) -> int:
     meta = {"model": "ruler-llama", "samples": args.samples, "context": context, "mode": "scout",
             "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "estimate_diagnosis.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (args.out / "estimate_diagnosis.md").write_text(markdown(rows, meta))
-    suite.log(f"wrote {args.out}/estimate_diagnosis.{{json,md}} in {meta['seconds']:.0f} s")
+    (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / f"{args.name}.md").write_text(markdown(rows, meta))
+    suite.log(f"wrote {args.out}/{args.name}.{{json,md}} in {meta['seconds']:.0f} s")
     return 0
 
 

@@ -22,6 +22,7 @@ diagnosis, not a mode to serve. Writes benchmarks/results/estimate_diagnosis.{js
 
     python -P benchmarks/estimate_diagnosis.py                      # chain, common, values at 1/8 and 1/16, 64 each
     python -P benchmarks/estimate_diagnosis.py --tasks chain --fractions 16 --samples 16
+    python -P benchmarks/estimate_diagnosis.py --quick               # about a minute: the pipeline end to end
     python -P benchmarks/estimate_diagnosis.py --tasks chain common --variants midpoint halves quarters \
         --name estimate_diagnosis_subblocks
 """
@@ -133,6 +134,8 @@ def recording_engine(max_requests: int, max_tokens_per_request: int):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="chain at 1/16, 4 sequences, plain, midpoint and exact; writes no file, JSON line last")
     parser.add_argument("--tasks", nargs="+", default=["chain", "common", "values"])
     parser.add_argument("--fractions", type=int, nargs="+", default=[8, 16], help="budget = 2048 / fraction")
     parser.add_argument("--samples", type=int, default=64)
@@ -143,6 +146,8 @@ def main(argv=None) -> int:
     from scout_sglang.retrieval import tasks
     from scout_sglang.retrieval.evaluate import answer_length, bundled_model_dir, engine_generate, load_model
 
+    if args.quick:
+        args.tasks, args.fractions, args.samples, args.variants = ["chain"], [16], 4, ["plain", "midpoint", "exact"]
     if set(args.tasks) - set(tasks.TASKS) or any(f < 1 for f in args.fractions) or args.samples < 1:
         parser.error(f"tasks among {tasks.TASKS}, fractions >= 1, samples >= 1")
     context, started = 2048, time.perf_counter()
@@ -174,6 +179,9 @@ def main(argv=None) -> int:
                 rows.append(row)
     meta = {"model": "ruler-llama", "samples": args.samples, "context": context, "mode": "scout",
             "seconds": round(time.perf_counter() - started, 1), "torch": torch.__version__}
+    if args.quick:
+        print(json.dumps({f"{r['task']}/1/{r['fraction']}/{r['mode']}": r["correct"].count("1") for r in rows}))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.out / f"{args.name}.md").write_text(markdown(rows, meta))

@@ -99,3 +99,18 @@ def test_sub_blocks_of_one_token_are_exact_and_one_sub_block_is_the_midpoint(dia
     exact_o, _ = diagnosis.variant_estimate("exact")(q, blocks)
     shipped_o, _ = estimate_torch(q, blocks)
     assert (halves_o - exact_o).abs().max() > 1e-3 and (halves_o - shipped_o).abs().max() > 1e-3
+
+
+def test_first_order_is_exact_to_first_order_in_the_query(diagnosis):
+    """With the query scaled towards 0 the block's exact value is vbar + s C q + O(q^2): first-order's error
+    shrinks as the square of the scale, the mean value's only linearly."""
+    q, blocks, _ = with_pages(diagnosis, 2, seed=7)
+    errors = []
+    for factor in (0.1, 0.05):
+        exact_o, _ = diagnosis.variant_estimate("true-value")(q * factor, blocks)
+        first_o, _ = diagnosis.variant_estimate("first-order")(q * factor, blocks)
+        mean_o, _ = estimate_torch(q * factor, blocks)
+        errors.append(((first_o - exact_o).abs().max().item(), (mean_o - exact_o).abs().max().item()))
+    (first_big, mean_big), (first_small, mean_small) = errors
+    assert first_small < first_big / 3 and mean_small > mean_big / 3  # quadratic against linear
+    assert first_small < mean_small / 10

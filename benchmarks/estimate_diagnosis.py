@@ -16,6 +16,7 @@ for variants that get one or both right, on the same sequences (paired), in Scou
     quarters      the same with four sub-blocks
     first-order   the midpoint's mass, and the mean value corrected to first order in the query by the block's
                   key-value cross-covariance C (D x D): vbar + s C q, the bound of any low-rank version of it
+    first-order-rN  the same with C truncated to its N largest singular pairs (2N vectors per block to store)
     exact         both exact: attention over the unattended blocks as dense attention does it (no summary can do
                   better: with the same selection, this is what the estimate stands in for)
 
@@ -47,7 +48,8 @@ import bench_accuracy as suite  # noqa: E402  (the suite's sequences, settings a
 from scout_sglang.kernels import estimate as shipped  # noqa: E402
 
 VARIANTS = ("plain", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "halves", "quarters",
-            "first-order", "exact")
+            "first-order-r1", "first-order-r2", "first-order-r4", "first-order", "exact")
+RANKS = {"first-order-r1": 1, "first-order-r2": 2, "first-order-r4": 4}  # C truncated to its top singular pairs
 SUB_BLOCKS = {"halves": 2, "quarters": 4}  # variants that summarise each block as that many sub-blocks
 RAW_PAGES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # value_mean's data_ptr -> that layer's K, V pages
 
@@ -66,7 +68,7 @@ def variant_estimate(variant: str):
         token_logits = torch.einsum("bhgd,bhnsd->bhgns", qf, keys) * blocks.scale  # [B, Hkv, G, NB, S]
         midpoint = (blocks.digest_min[pages] + blocks.digest_max[pages]).float().transpose(1, 2) * 0.5
         mean_key = keys.mean(dim=3)
-        key = midpoint if variant in ("midpoint", "true-value", "first-order") else mean_key
+        key = midpoint if variant in ("midpoint", "true-value", "first-order", *RANKS) else mean_key
         summary_logits = torch.einsum("bhgd,bhnd->bhgn", qf, key) * blocks.scale + math.log(blocks.block_size)
         if variant == "mean-key+var":
             variance = keys.var(dim=3, unbiased=False)
@@ -76,9 +78,13 @@ def variant_estimate(variant: str):
         mean_value = blocks.value_mean[pages].float().transpose(1, 2).unsqueeze(2)  # [B, Hkv, 1, NB, D]
         block_value = torch.einsum("bhgns,bhnsd->bhgnd", torch.softmax(token_logits, dim=-1), values) \
             if variant in ("true-value", "exact") else mean_value
-        if variant == "first-order":
+        if variant == "first-order" or variant in RANKS:
             cross = torch.einsum("bhnsd,bhnse->bhnde", values - values.mean(dim=3, keepdim=True),
                                  keys - mean_key.unsqueeze(3)) / keys.shape[3]  # [B, Hkv, NB, D(v), D(k)]
+            if variant in RANKS:
+                left, sigma, right = torch.linalg.svd(cross, full_matrices=False)
+                rank = RANKS[variant]
+                cross = (left[..., :rank] * sigma[..., None, :rank]) @ right[..., :rank, :]
             block_value = mean_value + blocks.scale * torch.einsum("bhnde,bhge->bhgnd", cross, qf)
         if variant in SUB_BLOCKS:
             logits, block_value = sub_block_estimate(qf, keys, values, SUB_BLOCKS[variant], blocks.scale)

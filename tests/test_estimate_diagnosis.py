@@ -114,3 +114,13 @@ def test_first_order_is_exact_to_first_order_in_the_query(diagnosis):
     (first_big, mean_big), (first_small, mean_small) = errors
     assert first_small < first_big / 3 and mean_small > mean_big / 3  # quadratic against linear
     assert first_small < mean_small / 10
+
+
+def test_a_truncation_of_the_cross_covariance_to_its_full_rank_is_the_full_first_order(diagnosis, monkeypatch):
+    q, blocks, _ = with_pages(diagnosis, 2, seed=9)
+    full_o, _ = diagnosis.variant_estimate("first-order")(q, blocks)
+    rank_one_o, _ = diagnosis.variant_estimate("first-order-r1")(q, blocks)
+    monkeypatch.setitem(diagnosis.RANKS, "first-order-r1", BLOCK)  # C of a block of BLOCK tokens: rank < BLOCK
+    all_o, _ = diagnosis.variant_estimate("first-order-r1")(q, blocks)
+    assert_close(all_o, full_o, torch.float32)
+    assert (rank_one_o - full_o).abs().max() > 1e-3

@@ -246,8 +246,8 @@ def checks(drops, rows=()) -> dict:
     separates the modes (a sparse mode without the estimate more than 3 points below Full at 1/16). A target whose
     cells were not run (--variants, --fractions) is None: not measured."""
 
-    def verdict(cells, ok):  # cells: None, or a dict or list that may be empty
-        return None if cells is None or len(cells) == 0 else ok(cells)
+    def verdict(cells, ok):  # cells: a dict or list, empty when none ran
+        return ok(cells) if cells else None
 
     engine = [d for d in drops if d["path"] == "engine"]
     against_full = [d for d in engine if d["against"] == "full"]
@@ -264,9 +264,10 @@ def checks(drops, rows=()) -> dict:
         "scout_est_within_4_at_1_16": verdict(scout_est[16], lambda c: all(p <= 4 for p in c.values())),
         "scout_est_drop_points": scout_est,
         "common_scout_est": common,
-        "common_at_least_90_at_1_8": verdict([common[8]] if 8 in common else None, lambda c: c[0] >= 90),
-        "common_at_least_80_at_1_16": verdict([common[16]] if 16 in common else None, lambda c: c[0] >= 80),
-        "estimate_never_costs_more_than_1_in_64": verdict(gains, lambda c: all(d["points"] <= PER_64 + 1e-9 for d in c)),
+        "common_at_least_90_at_1_8": common[8] >= 90 if 8 in common else None,
+        "common_at_least_80_at_1_16": common[16] >= 80 if 16 in common else None,
+        "estimate_never_costs_more_than_1_in_64": verdict(gains, lambda c: all(d["points"] <= PER_64 + 1e-9
+                                                                               for d in c)),
         "estimate_worst_cell": max(((d["points"], d["task"], d["fraction"]) for d in gains), default=None),
         "scout_within_2_of_quest": verdict(against_quest, lambda c: all(d["points"] <= 2 for d in c)),
         "scout_worst_against_quest": max(((d["points"], d["task"], d["fraction"]) for d in against_quest),

@@ -187,9 +187,9 @@ def make_copy(snapshot: Path, copy: Path, patch: Path | None) -> None:
         shutil.rmtree(copy)
     shutil.copytree(snapshot, copy, symlinks=True)
     if patch is not None:
-        applied = subprocess.run(["git", "apply", str(patch)], cwd=copy, capture_output=True, text=True)
-        if applied.returncode:
-            raise RuntimeError(f"{patch.name} no longer applies: {applied.stderr.strip()}")
+        why = git_apply(patch, copy)
+        if why:
+            raise RuntimeError(f"{patch.name} no longer applies: {why}")
     site = copy / ".site"
     site.mkdir()
     (site / "scout_sglang").symlink_to(copy / "scout_sglang")
@@ -197,12 +197,19 @@ def make_copy(snapshot: Path, copy: Path, patch: Path | None) -> None:
         (copy / "scout_sglang" / package).symlink_to(copy / folder)
 
 
+def git_apply(patch: Path, tree: Path, *, check: bool = False) -> str:
+    """Apply the patch to `tree` (check: only see whether it applies) -> "" or why it does not."""
+    applied = subprocess.run(["git", "apply", *(["--check"] if check else []), str(patch)], cwd=tree,
+                             capture_output=True, text=True)
+    return applied.stderr.strip() if applied.returncode else ""
+
+
 def applies(patch: Path) -> bool:
     """Whether the patch still applies to this checkout (checked, never applied); prints why not."""
-    checked = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True, text=True)
-    if checked.returncode:
-        print(f"[mutants] {patch.stem} no longer applies (update its patch): {checked.stderr.strip()}", flush=True)
-    return checked.returncode == 0
+    why = git_apply(patch, ROOT, check=True)
+    if why:
+        print(f"[mutants] {patch.stem} no longer applies (update its patch): {why}", flush=True)
+    return not why
 
 
 def run_tests(copy: Path, build_dir: Path, args: tuple[str, ...], *, first_failure: bool, timeout: float | None,
@@ -357,7 +364,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=2, help="copies tested at once (default 2)")
     parser.add_argument("--only", nargs="*", help="mutant names (file stems in tests/mutants)")
-    parser.add_argument("--dry-run", action="store_true", help="print each mutant's files and tests, check that every patch applies; run no test")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each mutant's files and tests, check that every patch applies; run no test")
     parser.add_argument("--after-suite", action="store_true",
                         help="the whole test suite has just passed on this tree (CI runs it first): skip the runs "
                              "on unmutated copies; each mutant's run is bounded as if each of its lists took 600 s")

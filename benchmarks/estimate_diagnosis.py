@@ -1,12 +1,14 @@
 """What limits the estimate of the unattended blocks: its key summary, its mass or its value, measured on the suite.
 
 The estimate (kernels/estimate.py) counts every unattended full block b as n_b copies of one key, the midpoint of
-its digest, and one value, its mean value. Two things can be wrong: the block's mass (sum_i exp(s q.k_i)) and the
-direction of its value (the attention-weighted mean of its values). This benchmark swaps the torch path's estimate
-for variants that get one or both right, on the same sequences (paired), in Scout:
+its digest, and one value, its mean value moved along the block's slope. Two things can be wrong: the block's mass
+(sum_i exp(s q.k_i)) and the direction of its value (the attention-weighted mean of its values). This benchmark
+swaps the torch path's estimate for variants that get one or both right, on the same sequences (paired), in Scout:
 
     plain         no estimate (SCOUT_ESTIMATE=off)
-    midpoint      the estimate as it ships: the digest's midpoint, the mean value
+    shipped       the estimate as it ships: the digest's midpoint, the mean value and its slope (rank 1, by power
+                  iteration: kernels/value_summary.py)
+    midpoint      the digest's midpoint and the mean value alone (the estimate before the slope)
     mean-key      the block's mean key instead of the midpoint
     mean-key+var  the mean key plus the Gaussian second-order term 1/2 s^2 sum_c q_c^2 var_c (per-channel variance)
     true-mass     each block's exact mass, with the mean value
@@ -20,12 +22,12 @@ for variants that get one or both right, on the same sequences (paired), in Scou
     exact         both exact: attention over the unattended blocks as dense attention does it (no summary can do
                   better: with the same selection, this is what the estimate stands in for)
 
-Every variant but `midpoint` and `plain` reads every key of the context (the raw pages of the host store): a
+Every variant but `plain`, `shipped` and `midpoint` reads every key of the context (the raw pages of the host store): a
 diagnosis, not a mode to serve. Writes benchmarks/results/estimate_diagnosis.{json,md}.
 
     python -P benchmarks/estimate_diagnosis.py                      # chain, common, values at 1/8 and 1/16, 64 each
     python -P benchmarks/estimate_diagnosis.py --tasks chain --fractions 16 --samples 16
-    python -P benchmarks/estimate_diagnosis.py --quick               # about a minute: the pipeline end to end
+    python -P benchmarks/estimate_diagnosis.py --quick               # a few minutes: the pipeline end to end
     python -P benchmarks/estimate_diagnosis.py --tasks chain common --variants midpoint halves quarters \
         --name estimate_diagnosis_subblocks
 """
@@ -46,12 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_accuracy as suite  # noqa: E402  (the suite's sequences, settings and statistics)
 
 from scout_sglang.kernels import estimate as shipped  # noqa: E402
+from scout_sglang.layout import MEAN  # noqa: E402
 
-VARIANTS = ("plain", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "halves", "quarters",
+VARIANTS = ("plain", "shipped", "midpoint", "mean-key", "mean-key+var", "true-mass", "true-value", "halves", "quarters",
             "first-order-r1", "first-order-r2", "first-order-r4", "first-order", "exact")
 RANKS = {"first-order-r1": 1, "first-order-r2": 2, "first-order-r4": 4}  # C truncated to its top singular pairs
 SUB_BLOCKS = {"halves": 2, "quarters": 4}  # variants that summarise each block as that many sub-blocks
-RAW_PAGES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # value_mean's data_ptr -> that layer's K, V pages
+RAW_PAGES: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # value_summary's data_ptr -> that layer's K, V pages
 
 
 def variant_estimate(variant: str):
@@ -61,7 +64,7 @@ def variant_estimate(variant: str):
         batch_size, num_qo_heads, head_dim = q.shape
         num_kv_heads = blocks.digest_min.shape[1]
         pages = blocks.block_table.clamp(min=0).long()  # [B, NB]; padding reads page 0, masked below
-        k_pages, v_pages = RAW_PAGES[blocks.value_mean.data_ptr()]
+        k_pages, v_pages = RAW_PAGES[blocks.value_summary.data_ptr()]
         keys = k_pages[pages].float().transpose(1, 2)  # [B, Hkv, NB, S, D]
         values = v_pages[pages].float().transpose(1, 2)
         qf = q.float().view(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim)
@@ -75,7 +78,7 @@ def variant_estimate(variant: str):
             summary_logits = summary_logits + 0.5 * blocks.scale ** 2 * torch.einsum("bhgd,bhnd->bhgn", qf * qf,
                                                                                       variance)
         logits = torch.logsumexp(token_logits, dim=-1) if variant in ("true-mass", "exact") else summary_logits
-        mean_value = blocks.value_mean[pages].float().transpose(1, 2).unsqueeze(2)  # [B, Hkv, 1, NB, D]
+        mean_value = blocks.value_summary[pages][:, :, :, MEAN].float().transpose(1, 2).unsqueeze(2)  # [B,Hkv,1,NB,D]
         block_value = torch.einsum("bhgns,bhnsd->bhgnd", torch.softmax(token_logits, dim=-1), values) \
             if variant in ("true-value", "exact") else mean_value
         if variant == "first-order" or variant in RANKS:
@@ -115,8 +118,8 @@ def sub_block_estimate(qf, keys, values, parts: int, scale: float) -> tuple[torc
 
 @contextlib.contextmanager
 def estimated_as(variant: str):
-    """The torch path's estimate replaced by `variant`'s for the block (midpoint and plain: the shipped one)."""
-    if variant in ("plain", "midpoint"):
+    """The torch path's estimate replaced by `variant`'s for the block (shipped and plain: the shipped one)."""
+    if variant in ("plain", "shipped"):
         yield
         return
     kept = shipped.estimate_torch
@@ -138,7 +141,7 @@ def recording_engine(max_requests: int, max_tokens_per_request: int):
         full, off = engine.full_store, engine.offloaded
         for store, k, v in ((full, getattr(full, "k", {}), getattr(full, "v", {})),
                             (off, getattr(off, "host_k", {}), getattr(off, "host_v", {}))):
-            for layer, means in getattr(store, "value_mean", {}).items():
+            for layer, means in getattr(store, "value_summary", {}).items():
                 RAW_PAGES[means.data_ptr()] = (k[layer], v[layer])
         return engine
 
@@ -148,7 +151,8 @@ def recording_engine(max_requests: int, max_tokens_per_request: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="chain at 1/16, 4 sequences, plain, midpoint and exact; writes no file, JSON line last")
+                        help="chain at 1/16, 4 sequences, plain, shipped, midpoint and exact; writes no file, "
+                             "JSON line last")
     parser.add_argument("--tasks", nargs="+", default=["chain", "common", "values"])
     parser.add_argument("--fractions", type=int, nargs="+", default=[8, 16], help="budget = 2048 / fraction")
     parser.add_argument("--samples", type=int, default=64)
@@ -160,7 +164,8 @@ def main(argv=None) -> int:
     from scout_sglang.retrieval.evaluate import answer_length, bundled_model_dir, engine_generate, load_model
 
     if args.quick:
-        args.tasks, args.fractions, args.samples, args.variants = ["chain"], [16], 4, ["plain", "midpoint", "exact"]
+        args.tasks, args.fractions, args.samples = ["chain"], [16], 4
+        args.variants = ["plain", "shipped", "midpoint", "exact"]
     if set(args.tasks) - set(tasks.TASKS) or any(f < 1 for f in args.fractions) or args.samples < 1:
         parser.error(f"tasks among {tasks.TASKS}, fractions >= 1, samples >= 1")
     context, started = 2048, time.perf_counter()
@@ -206,9 +211,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     variants = [v for v in ("full", *VARIANTS) if any(r["mode"] == v for r in rows)]
     lines = [f"# What limits the estimate ({meta['model']}, Scout, {meta['context']} tokens)", "",
              f"{meta['samples']} held-out sequences per task, every variant on the same sequences. Cells: correct "
-             "sequences, and in brackets the paired change against `midpoint` (the estimate as it ships), in "
-             "sequences. Variants other than `plain` and `midpoint` read every key (benchmarks/estimate_diagnosis.py "
-             "says what each gets right).", "",
+             "sequences, and in brackets the paired change against `midpoint` (the digest's midpoint and the mean "
+             "value), in sequences. Variants other than `plain`, `shipped` and `midpoint` read every key "
+             "(benchmarks/estimate_diagnosis.py says what each gets right).", "",
              "| task | budget | " + " | ".join(variants) + " |", "|---|---:|" + "---:|" * len(variants)]
     cells = {(r["task"], r["fraction"], r["mode"]): r for r in rows}
     for task, fraction in dict.fromkeys((r["task"], r["fraction"]) for r in rows):

@@ -6,9 +6,13 @@ mass is spread over the whole context (aggregation), most of it is thrown
 away. The estimate gives it back approximately. Per (request, KV head), every
 full block that is neither selected nor attended besides the selection (scout's
 resident buffer) counts as its `block_size` keys all equal to the midpoint of
-its digest and its values all equal to its mean value (digest.py writes it):
+its digest, and its attention-weighted value as the block's mean value moved to
+first order in the query along the block's axis (kernels/value_summary.py
+writes the three rows of its value summary at block fill; reference.estimate
+says why):
 
-    weight_b = block_size * exp(scale * q . (kmin_b + kmax_b) / 2)        value_b = value_mean_b
+    weight_b = block_size * exp(scale * q . (kmin_b + kmax_b) / 2)
+    value_b  = MEAN_b + scale * (q . AXIS_b) * SLOPE_b
     estimate: lse = log(sum_b weight_b), o = sum_b weight_b * value_b / sum_b weight_b   (natural log)
     out = merge(device part, CPU part (the worker's, or the fallback's), estimate)
 
@@ -32,13 +36,14 @@ import torch
 from scout_sglang.kernels.checks import ATTENTION_DTYPES, check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
 from scout_sglang.kernels.merge import merge_states_torch
+from scout_sglang.layout import AXIS, MEAN, SLOPE, VALUE_SUMMARY_ROWS
 
 
 @dataclass
 class UnattendedBlocks:
     """What a layer's estimate reads besides its query: the block summaries, the step's table and what it attends.
 
-    digest_min, digest_max, value_mean : [P, Hkv, D] per page, in the store's dtype
+    digest_min, digest_max : [P, Hkv, D], value_summary : [P, Hkv, 3, D] per page, in the store's dtype
     block_table : [B, NB] int32 page of each logical block of each row
     num_full : [B] int32 full blocks of each row (the estimate covers blocks [0, num_full) less the attended ones)
     selected, counts : [B, Hkv, K] int32 the selection (PAD past counts) and [B, Hkv] int32 its counts
@@ -50,7 +55,7 @@ class UnattendedBlocks:
 
     digest_min: torch.Tensor
     digest_max: torch.Tensor
-    value_mean: torch.Tensor
+    value_summary: torch.Tensor
     block_table: torch.Tensor
     num_full: torch.Tensor
     selected: torch.Tensor
@@ -126,14 +131,17 @@ def estimate_torch(q: torch.Tensor, blocks: UnattendedBlocks) -> tuple[torch.Ten
         return rows.permute(order).clone(memory_format=torch.contiguous_format)
 
     key = (per_block(blocks.digest_min, (0, 2, 3, 1)) + per_block(blocks.digest_max, (0, 2, 3, 1))) * 0.5  # [B,Hkv,D,NB]
-    value = per_block(blocks.value_mean, (0, 2, 1, 3))  # [B, Hkv, NB, D]
+    summary = blocks.value_summary
+    mean = per_block(summary[:, :, MEAN], (0, 2, 1, 3))  # [B, Hkv, NB, D]
+    slope = per_block(summary[:, :, SLOPE], (0, 2, 1, 3))
+    axis = per_block(summary[:, :, AXIS], (0, 2, 3, 1))  # [B, Hkv, D, NB]
     qf = q.float().view(batch_size, num_kv_heads, num_qo_heads // num_kv_heads, head_dim)
     logits = torch.matmul(qf, key) * blocks.scale  # [B, Hkv, G, NB]
     logits = logits.masked_fill(~unattended_mask(blocks).unsqueeze(2), float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)  # -inf where no block is left over
     finite = torch.isfinite(lse)
     probs = torch.where(finite.unsqueeze(-1), torch.exp(logits - torch.where(finite, lse, 0.0).unsqueeze(-1)), 0.0)
-    o = torch.matmul(probs, value)
+    o = torch.matmul(probs, mean) + torch.matmul(probs * torch.matmul(qf, axis) * blocks.scale, slope)
     lse = lse + math.log(blocks.block_size)  # each block weighs its block_size keys
     return o.view(batch_size, num_qo_heads, head_dim), lse.view(batch_size, num_qo_heads)
 
@@ -169,11 +177,13 @@ def _check(q, o, lse, out, blocks, cpu, out_lse):
         if t is not None:
             check_tensor(name, t, dtypes=(torch.float32,), device=device, contiguous=rows)
             check_shape(name, t, (batch_size, num_qo_heads))
-    summaries = (("digest_min", blocks.digest_min), ("digest_max", blocks.digest_max),
-                 ("value_mean", blocks.value_mean))
-    for name, t in summaries:
-        check_tensor(name, t, ndim=3, dtypes=ATTENTION_DTYPES, device=device)
-        check_shape(name, t, blocks.digest_min.shape)
+    pages, heads, dim = blocks.digest_min.shape
+    summaries = (("digest_min", blocks.digest_min, (pages, heads, dim)),
+                 ("digest_max", blocks.digest_max, (pages, heads, dim)),
+                 ("value_summary", blocks.value_summary, (pages, heads, VALUE_SUMMARY_ROWS, dim)))
+    for name, t, shape in summaries:
+        check_tensor(name, t, ndim=len(shape), dtypes=ATTENTION_DTYPES, device=device)
+        check_shape(name, t, shape)
         if t.dtype != blocks.digest_min.dtype:
             raise TypeError(f"{name} must have the digests' dtype {blocks.digest_min.dtype}, got {t.dtype}")
     num_kv_heads = blocks.digest_min.shape[1]

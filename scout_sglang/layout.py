@@ -21,7 +21,12 @@ Block lists are fixed-capacity and padded, with counts (CUDA-graph friendly):
     counts      [B, Hkv]    int32
 
 Digests are stored per page: digest_min / digest_max [num_pages, Hkv, D] in the
-cache dtype (the min/max of bf16 values is exact in bf16).
+cache dtype (the min/max of bf16 values is exact in bf16). With the estimate of
+the unattended blocks on, each page also has a value summary, [num_pages, Hkv,
+3, D] in the cache dtype: rows MEAN, SLOPE and AXIS (kernels/value_summary.py).
 """
 
 PAD_BLOCK = -1  # value of unused entries in fixed-capacity block lists
+MEAN, SLOPE, AXIS = 0, 1, 2  # the rows of a value summary: the mean value, its slope y = C x, the key axis x
+VALUE_SUMMARY_ROWS = 3
+SLOPE_ITERATIONS = 8  # power-iteration steps for each block's axis (the reference and every kernel run them all)

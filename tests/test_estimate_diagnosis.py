@@ -1,7 +1,8 @@
 """benchmarks/estimate_diagnosis.py: its variants of the estimate compute what they claim. `midpoint` is the
-shipped estimate; `exact` is attention over every token of the unattended blocks; `true-mass` and `true-value`
-each take one half from `exact` and the other from the summaries."""
+shipped estimate without its slope; `exact` is attention over every token of the unattended blocks; `true-mass`
+and `true-value` each take one half from `exact` and the other from the summaries."""
 
+import copy
 import importlib.util
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ from test_kernels_estimate import BLOCK, HEADS, SCALE, layer
 
 from scout_sglang import reference
 from scout_sglang.kernels.estimate import estimate_torch, unattended_mask
+from scout_sglang.layout import SLOPE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +29,7 @@ def diagnosis():
 
 def with_pages(diagnosis, group, seed=0):
     q, blocks, (k_pages, v_pages) = layer(group, seed=seed)
-    diagnosis.RAW_PAGES[blocks.value_mean.data_ptr()] = (k_pages, v_pages)
+    diagnosis.RAW_PAGES[blocks.value_summary.data_ptr()] = (k_pages, v_pages)
     return q, blocks, (k_pages, v_pages)
 
 
@@ -41,17 +43,24 @@ def dense_over_unattended(q, blocks, k_pages, v_pages):
         values = v_pages[pages].transpose(1, 2).reshape(-1, HEADS, v_pages.shape[-1])
         tokens = [[j * BLOCK + s for j in mask[b, h].nonzero().flatten().tolist() for s in range(BLOCK)]
                   for h in range(HEADS)]
-        o, lse = reference.estimate_blocks(q[b], keys, values, tokens, block_size=1, scale=SCALE)
+        one_token = torch.stack([values, torch.zeros_like(values), torch.zeros_like(values)], dim=2)  # no slope
+        o, lse = reference.estimate_blocks(q[b], keys, one_token, tokens, block_size=1, scale=SCALE)
         out_o.append(o)
         out_lse.append(lse)
     return torch.stack(out_o), torch.stack(out_lse)
 
 
 @pytest.mark.parametrize("group", [1, 4])
-def test_midpoint_is_the_shipped_estimate_and_exact_is_attention_over_the_unattended_tokens(diagnosis, group):
+def test_midpoint_is_the_shipped_estimate_without_slope_and_exact_is_attention_over_the_unattended_tokens(
+        diagnosis, group):
     q, blocks, (k_pages, v_pages) = with_pages(diagnosis, group)
-    for got, expected in zip(diagnosis.variant_estimate("midpoint")(q, blocks), estimate_torch(q, blocks)):
+    flat = copy.copy(blocks)
+    flat.value_summary = blocks.value_summary.clone()
+    flat.value_summary[:, :, SLOPE] = 0
+    midpoint_o, midpoint_lse = diagnosis.variant_estimate("midpoint")(q, blocks)
+    for got, expected in zip((midpoint_o, midpoint_lse), estimate_torch(q, flat)):
         assert_close(got, expected, torch.float32)
+    assert (midpoint_o - estimate_torch(q, blocks)[0]).abs().max() > 1e-3  # the slope moves the shipped one
     exact_o, exact_lse = diagnosis.variant_estimate("exact")(q, blocks)
     dense_o, dense_lse = dense_over_unattended(q, blocks, k_pages, v_pages)
     assert_close(exact_o, dense_o, torch.float32)
@@ -77,7 +86,7 @@ def test_the_variants_are_swapped_in_and_restored(diagnosis):
     kept = shipped.estimate_torch
     with diagnosis.estimated_as("exact"):
         assert shipped.estimate_torch is not kept
-    with diagnosis.estimated_as("midpoint"):
+    with diagnosis.estimated_as("shipped"):
         assert shipped.estimate_torch is kept
     assert shipped.estimate_torch is kept
 
@@ -109,7 +118,7 @@ def test_first_order_is_exact_to_first_order_in_the_query(diagnosis):
     for factor in (0.1, 0.05):
         exact_o, _ = diagnosis.variant_estimate("true-value")(q * factor, blocks)
         first_o, _ = diagnosis.variant_estimate("first-order")(q * factor, blocks)
-        mean_o, _ = estimate_torch(q * factor, blocks)
+        mean_o, _ = diagnosis.variant_estimate("midpoint")(q * factor, blocks)
         errors.append(((first_o - exact_o).abs().max().item(), (mean_o - exact_o).abs().max().item()))
     (first_big, mean_big), (first_small, mean_small) = errors
     assert first_small < first_big / 3 and mean_small > mean_big / 3  # quadratic against linear

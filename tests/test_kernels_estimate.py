@@ -11,6 +11,7 @@ from scout_sglang import kernels, reference
 from scout_sglang.handoff_words import STATUS_DEADLINE, STATUS_OK
 from scout_sglang.kernels.cpu_part import merge_cpu_part
 from scout_sglang.kernels.estimate import CpuPartResult, UnattendedBlocks, merge_with_estimate
+from scout_sglang.kernels.value_summary import value_summaries_torch
 from scout_sglang.layout import PAD_BLOCK
 
 IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.triton_interpret])]
@@ -20,11 +21,12 @@ SCALE = 0.3
 
 
 def summaries(k_pages, v_pages):
-    """The block summaries as the engine stores them: digests and mean values of every page."""
+    """The block summaries as the engine stores them: digests and value summaries of every page."""
     num_pages = k_pages.shape[0]
-    dmin, dmax, vmean = (torch.zeros(num_pages, HEADS, DIM, dtype=k_pages.dtype) for _ in range(3))
+    dmin, dmax = (torch.zeros(num_pages, HEADS, DIM, dtype=k_pages.dtype) for _ in range(2))
+    vmean = torch.zeros(num_pages, HEADS, 3, DIM, dtype=k_pages.dtype)
     rows = torch.arange(num_pages, dtype=torch.int32)
-    kernels.digest_blocks(k_pages, rows, dmin, dmax, v_blocks=v_pages, value_mean=vmean)
+    kernels.digest_blocks(k_pages, rows, dmin, dmax, v_blocks=v_pages, value_summary=vmean)
     return dmin, dmax, vmean
 
 
@@ -68,7 +70,7 @@ def reference_estimate(q, blocks):
             per_head.append([j for j in range(n) if j not in held])
         pages = blocks.block_table[b, :n].long()
         midpoint = (blocks.digest_min[pages].float() + blocks.digest_max[pages].float()) / 2
-        o, lse = reference.estimate_blocks(q[b], midpoint, blocks.value_mean[pages].float(), per_head,
+        o, lse = reference.estimate_blocks(q[b], midpoint, blocks.value_summary[pages].float(), per_head,
                                            block_size=BLOCK, scale=SCALE)
         out_o.append(o)
         out_lse.append(lse)
@@ -151,7 +153,7 @@ def test_a_block_whose_keys_are_all_equal_is_estimated_exactly(impl):
     attention over every block."""
     q, blocks, (k_pages, v_pages) = layer(2, resident=False, seed=4)
     k_pages = k_pages[:, :, :1].expand_as(k_pages).contiguous()
-    blocks.digest_min, blocks.digest_max, blocks.value_mean = summaries(k_pages, v_pages)
+    blocks.digest_min, blocks.digest_max, blocks.value_summary = summaries(k_pages, v_pages)
     dense_o, device_o, device_lse = torch.zeros_like(q), torch.zeros_like(q), torch.zeros(q.shape[:2])
     for b, n in enumerate(NUM_FULL):
         pages = blocks.block_table[b, :n].long()
@@ -164,18 +166,52 @@ def test_a_block_whose_keys_are_all_equal_is_estimated_exactly(impl):
     assert_close(out, dense_o, torch.float32)
 
 
-def test_the_digests_write_the_mean_value_of_each_block():
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_digests_write_the_value_summary_of_each_block(impl, dtype):
+    device = TRITON_DEVICE if impl == "triton" else "cpu"
     gen = torch.Generator().manual_seed(5)
-    k_pages, v_pages = (torch.randn(6, HEADS, BLOCK, DIM, generator=gen) for _ in range(2))
-    dmin, dmax, vmean = (torch.full((8, HEADS, DIM), 7.0) for _ in range(3))
-    kernels.update_digests(k_pages, torch.tensor([4, 1], dtype=torch.int32), dmin, dmax,
-                           rows=torch.tensor([6, 2], dtype=torch.int32), v_cache=v_pages, value_mean=vmean)
-    _, expected = reference.block_summaries(v_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM),
+    k_pages, v_pages = (torch.randn(6, HEADS, BLOCK, DIM, generator=gen).to(dtype) for _ in range(2))
+    dmin, dmax = (torch.full((8, HEADS, DIM), 7.0, dtype=dtype, device=device) for _ in range(2))
+    summary = torch.full((8, HEADS, 3, DIM), 7.0, dtype=dtype, device=device)
+    kernels.update_digests(k_pages.to(device), torch.tensor([4, 1], dtype=torch.int32, device=device), dmin, dmax,
+                           rows=torch.tensor([6, 2], dtype=torch.int32, device=device), v_cache=v_pages.to(device),
+                           value_summary=summary, impl=impl)
+    _, expected = reference.block_summaries(k_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM),
                                             v_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM), BLOCK)
-    assert_close(vmean[[6, 2]], expected, torch.float32)
-    assert torch.all(vmean[[0, 1, 3, 4, 5, 7]] == 7.0)
-    with pytest.raises(ValueError, match="value_mean go together"):
-        kernels.update_digests(k_pages, torch.tensor([0], dtype=torch.int32), dmin, dmax, value_mean=vmean)
+    summary = summary.cpu()
+    assert_close(summary[[6, 2]], expected, dtype)
+    assert torch.all(summary[[0, 1, 3, 4, 5, 7]] == 7.0)
+    with pytest.raises(ValueError, match="value_summary go together"):
+        kernels.update_digests(k_pages, torch.tensor([0], dtype=torch.int32), dmin.cpu(), dmax.cpu(),
+                               value_summary=summary)
+
+
+def test_the_axis_is_the_leading_singular_direction_and_the_slope_its_value():
+    """A block whose value-key cross-covariance has one dominant direction: the summary's axis is the leading right
+    singular vector of C (up to sign), its slope C x, and the estimate of the block alone follows the query's
+    softmax-weighted value to first order (closer than the mean value alone)."""
+    gen = torch.Generator().manual_seed(6)
+    size, dim = 16, 8
+    keys = torch.randn(size, dim, generator=gen)
+    direction = torch.randn(dim, generator=gen)
+    values = torch.randn(dim, generator=gen) + 2.0 * (keys @ direction)[:, None] * torch.randn(dim, generator=gen) \
+        + 0.05 * torch.randn(size, dim, generator=gen)
+    summary = reference.value_summary_of_block(keys, values)
+    cross = (values - values.mean(0)).T @ (keys - keys.mean(0)) / size
+    _, sigma, right = torch.linalg.svd(cross)
+    assert sigma[1] < 0.2 * sigma[0]  # the case: one dominant direction
+    assert abs(float(summary[2] @ right[0])) > 0.999
+    assert_close(summary[1], cross @ summary[2], torch.float32)
+    torch_summary = value_summaries_torch(keys[None, None], values[None, None])[0, 0]
+    assert_close(torch_summary, summary, torch.float32)
+    q = 0.3 * torch.randn(1, dim, generator=gen)
+    scale = 0.5
+    exact = torch.softmax(scale * keys @ q[0], dim=0) @ values
+    key_summary = ((keys.amin(0) + keys.amax(0)) / 2).view(1, 1, dim)
+    estimate, _ = reference.estimate_blocks(q, key_summary, summary.view(1, 1, 3, dim), [[0]], block_size=size,
+                                            scale=scale)
+    assert (estimate[0] - exact).norm() < 0.5 * (values.mean(0) - exact).norm()
 
 
 def test_mismatched_arguments_are_refused_by_name():
@@ -185,6 +221,6 @@ def test_mismatched_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="resident and slots go together"):
         merge_with_estimate(q, o, lse, torch.empty_like(o), blocks=blocks)
     _, blocks, _ = layer(1)
-    blocks.value_mean = blocks.value_mean[:, :, :8].contiguous()
-    with pytest.raises(ValueError, match="value_mean must have shape"):
+    blocks.value_summary = blocks.value_summary[..., :8].contiguous()
+    with pytest.raises(ValueError, match="value_summary must have shape"):
         merge_with_estimate(q, o, lse, torch.empty_like(o), blocks=blocks)

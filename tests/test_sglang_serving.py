@@ -118,8 +118,8 @@ def test_an_abort_mid_decode_frees_the_request_and_the_server_keeps_serving(serv
 def test_with_the_estimate_on_concurrent_outputs_equal_the_reference_decoder(server, model_dir, tmp_path):
     """SCOUT_ESTIMATE=on in the server: 8 concurrent requests decode the reference decoder's tokens with the
     estimate on, which are not those with it off for some of them (the estimate decides tokens here: 3 of the 8
-    differ; the 60- and 150-token prompts fit the budget, where it adds nothing), and the device keeps one more
-    vector per block and KV head: the digests grow by half."""
+    differ; the 60- and 150-token prompts fit the budget, where it adds nothing), and the device keeps three more
+    vectors per block and KV head (the value summary): the digests grow 2.5 times."""
     env = SCOUT_ENV | {"SCOUT_ESTIMATE": "on"}
     prompts = random_prompts((300, 650, 1000, 150, 820, 420, 60, 560), vocab=VOCAB, seed=4)
     with launched_server(model_dir, *ARGS, env=env, log_path=tmp_path / "scout-estimate.log") as base:
@@ -130,4 +130,4 @@ def test_with_the_estimate_on_concurrent_outputs_equal_the_reference_decoder(ser
     assert served == expected
     without, _, _ = reference_outputs(model_dir, SCOUT_ENV, prompts, 16)
     assert sum(a != b for a, b in zip(expected, without)) >= 2  # a negative control with power, not one fluke
-    assert 2 * memory["digest_bytes_allocated"] == 3 * scout_stats(server)["memory"]["digest_bytes_allocated"]
+    assert 2 * memory["digest_bytes_allocated"] == 5 * scout_stats(server)["memory"]["digest_bytes_allocated"]

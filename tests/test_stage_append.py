@@ -1,5 +1,5 @@
 """The append stage (kernels.stage_append): the token lands in its page; a completed block gets the reference
-digest (and, for the estimate, its mean value) and its host copy, the others change nothing else."""
+digest (and, for the estimate, its value summary) and its host copy, the others change nothing else."""
 
 import pytest
 import torch
@@ -16,7 +16,8 @@ def stores(dtype, block=BLOCK, seed=0):
     gen = torch.Generator().manual_seed(seed)
     k, v = (torch.randn(7, HEADS, block, DIM, generator=gen).to(dtype) for _ in range(2))
     host_k, host_v = torch.zeros(9, HEADS, block, DIM, dtype=dtype), torch.zeros(9, HEADS, block, DIM, dtype=dtype)
-    digests = tuple(torch.full((9, HEADS, DIM), 5.0, dtype=dtype) for _ in range(3))  # min, max, mean value
+    digests = (*(torch.full((9, HEADS, DIM), 5.0, dtype=dtype) for _ in range(2)),  # min, max, value summary
+               torch.full((9, HEADS, 3, DIM), 5.0, dtype=dtype))
     new = torch.randn(2, 4, HEADS, DIM, generator=gen).to(dtype)
     return k, v, host_k, host_v, digests, new
 
@@ -41,7 +42,7 @@ def test_the_token_lands_and_a_completed_block_gets_its_digest_and_host_copy(imp
     outs = [to(t) for t in (k, v, host_k, host_v, dmin, dmax, vmean)]
     append_token(to(k_new), to(v_new), outs[0], outs[1], to(pages), to(offsets),
                  **(dict(digest_min=outs[4], digest_max=outs[5], digest_rows=to(rows)) if with_digests else {}),
-                 **(dict(value_mean=outs[6]) if with_means else {}),
+                 **(dict(value_summary=outs[6]) if with_means else {}),
                  **(dict(host_k=outs[2], host_v=outs[3], host_rows=to(rows), host_scratch=8) if with_host else {}),
                  impl=impl)
     k_out, v_out, host_k_out, host_v_out, dmin_out, dmax_out, vmean_out = (t.cpu() for t in outs)
@@ -52,7 +53,9 @@ def test_the_token_lands_and_a_completed_block_gets_its_digest_and_host_copy(imp
         if with_digests:
             assert torch.equal(dmin_out[row].float(), ref_min[page]) and torch.equal(dmax_out[row].float(), ref_max[page])
         if with_means:
-            assert_close(vmean_out[row], expected_v[page].float().mean(dim=1), dtype)
+            summary = torch.stack([reference.value_summary_of_block(expected_k[page, h], expected_v[page, h])
+                                   for h in range(HEADS)])
+            assert_close(vmean_out[row], summary, dtype)
         if with_host:
             assert torch.equal(host_k_out[row], expected_k[page]) and torch.equal(host_v_out[row], expected_v[page])
     untouched = [0, 2, 3, 5, 6, 7]  # (8 is the scratch row: the rows that complete nothing may write there)
@@ -70,7 +73,7 @@ def test_mismatched_parts_are_refused_by_name():
     pages = offsets = torch.zeros(4, dtype=torch.int32)
     with pytest.raises(ValueError, match="digest_min, digest_max and digest_rows go together"):
         append_token(k_new, v_new, k, v, pages, offsets, digest_min=dmin)
-    with pytest.raises(ValueError, match="value_mean is written with the digests"):
-        append_token(k_new, v_new, k, v, pages, offsets, value_mean=vmean)
+    with pytest.raises(ValueError, match="value_summary is written with the digests"):
+        append_token(k_new, v_new, k, v, pages, offsets, value_summary=vmean)
     with pytest.raises(ValueError, match="k_new must be"):
         append_token(k_new[:, :, :1], v_new, k, v, pages, offsets)

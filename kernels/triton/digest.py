@@ -6,7 +6,7 @@ filled; every other row of the digest tensors is left as it was. The source
 page and the destination row may differ (`rows`): a block that just filled is
 read from the device window and digested into the row of its host page. With
 the estimate of the unattended blocks on, the same program writes the page's
-mean value into the same row of `value_mean` (kernels/estimate.py reads it).
+value summary into the same row of `value_summary` (kernels/value_summary.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from scout_sglang.kernels.triton.value_summary import store_value_summary, value_summary_rows
 
 
 @triton.jit
@@ -37,11 +38,12 @@ def _block_digest_kernel(
     stride_v_tok,
     stride_mean_page,
     stride_mean_head,
+    stride_mean_part,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    VALUE_MEAN: tl.constexpr,
+    VALUE_SUMMARY: tl.constexpr,
 ):
     # grid: (len(page_ids), Hkv); one program reduces one [S, D] run of one head.
     pid = tl.program_id(0)
@@ -73,11 +75,12 @@ def _block_digest_kernel(
         k_max.to(max_ptr.dtype.element_ty),
         mask=mask_d,
     )
-    if VALUE_MEAN:
+    if VALUE_SUMMARY:
         v = tl.load(v_ptr + page * stride_v_page + head * stride_v_head + offs_s[:, None] * stride_v_tok
                     + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(mean_ptr + row * stride_mean_page + head * stride_mean_head + offs_d,
-                 (tl.sum(v, axis=0) / BLOCK_SIZE).to(mean_ptr.dtype.element_ty), mask=mask_d)
+        mean, slope, axis = value_summary_rows(k, v, mask, mask_d, BLOCK_SIZE, HEAD_DIM)
+        store_value_summary(mean_ptr + row * stride_mean_page + head * stride_mean_head + offs_d, stride_mean_part,
+                            mean, slope, axis, mask_d)
 
 
 def digests_triton(
@@ -88,7 +91,7 @@ def digests_triton(
     *,
     rows: torch.Tensor | None = None,
     v_cache: torch.Tensor | None = None,
-    out_value_mean: torch.Tensor | None = None,
+    out_value_summary: torch.Tensor | None = None,
 ) -> None:
     """Write the digests of the pages in `page_ids` into `out_min` / `out_max`.
 
@@ -100,14 +103,14 @@ def digests_triton(
         page_ids[i]) is overwritten with the per-channel min/max over the
         S tokens of page page_ids[i]; all other rows are untouched
     rows : optional [n] int32, distinct destination rows
-    v_cache, out_value_mean : optional (together) [P, Hkv, S, D] and [R, Hkv, D]: row rows[i] of out_value_mean
-        gets the mean over the S values of page page_ids[i] (reduced in fp32)
+    v_cache, out_value_summary : optional (together) [P, Hkv, S, D] and [R, Hkv, 3, D]: row rows[i] of
+        out_value_summary gets the value summary of page page_ids[i] (computed in fp32)
     """
     num_ids = page_ids.shape[0]
     if num_ids == 0:
         return
     _, num_kv_heads, block_size, head_dim = k_cache.shape
-    mean = out_value_mean is not None
+    mean = out_value_summary is not None
     _block_digest_kernel[(num_ids, num_kv_heads)](
         k_cache,
         page_ids,
@@ -115,7 +118,7 @@ def digests_triton(
         out_min,
         out_max,
         v_cache if mean else k_cache,  # unread without the mean
-        out_value_mean if mean else out_min,
+        out_value_summary if mean else out_min,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -124,10 +127,10 @@ def digests_triton(
         out_max.stride(0),
         out_max.stride(1),
         *(v_cache.stride()[:3] if mean else (0, 0, 0)),
-        *(out_value_mean.stride()[:2] if mean else (0, 0)),
+        *(out_value_summary.stride()[:3] if mean else (0, 0, 0)),
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         BLOCK_S=triton.next_power_of_2(block_size),
         BLOCK_D=triton.next_power_of_2(head_dim),
-        VALUE_MEAN=mean,
+        VALUE_SUMMARY=mean,
     )

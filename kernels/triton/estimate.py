@@ -6,8 +6,9 @@ row's full blocks in tiles of BLOCK_N, as the decode walks its tokens:
 
     blocks  | tile 0 | tile 1 | ... |            (num_full, read from the plan: the grid never depends on it)
     per tile: unattended = not selected, not resident (a [BLOCK_N, K] and a [BLOCK_N, R] comparison)
-              key = (kmin + kmax) / 2, value = value_mean, of the unattended blocks' pages
-              online softmax of the G query heads over them, each logit + log(block_size)
+              key = (kmin + kmax) / 2 of the unattended blocks' pages, and their value summaries
+              online softmax of the G query heads over them, each logit + log(block_size),
+              each head's value MEAN + scale * (q . AXIS) * SLOPE (two more [G, N] x [N, D] products)
     then:     merge(device part, CPU part (the worker's, or the fallback's: the status picks), estimate) -> out
 
 so the estimate costs no launch of its own: in the CPU modes this kernel is the
@@ -26,7 +27,7 @@ from scout_sglang.kernels.triton.lists import contains
 from scout_sglang.kernels.triton.merge import merge_tile
 from scout_sglang.kernels.triton.sizes import or_unused, p2
 
-from scout_sglang.layout import PAD_BLOCK
+from scout_sglang.layout import AXIS, MEAN, PAD_BLOCK, SLOPE
 
 _LOG2E = 1.4426950408889634
 # tl.dot needs every dimension >= 16: the G query heads, the tile's blocks and D are padded to at least 16.
@@ -39,14 +40,16 @@ def _estimate_merge_kernel(
     q_ptr, min_ptr, max_ptr, mean_ptr, table_ptr, num_full_ptr, selected_ptr, counts_ptr, resident_ptr, slots_ptr,
     o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, out_ptr, out_lse_ptr,
     stride_q_row, stride_q_head, stride_min_page, stride_min_head, stride_max_page, stride_max_head,
-    stride_mean_page, stride_mean_head, stride_table_row, stride_num_full, stride_sel_row, stride_sel_head,
+    stride_mean_page, stride_mean_head, stride_mean_part, stride_table_row, stride_num_full, stride_sel_row,
+    stride_sel_head,
     stride_counts_row, stride_res_slot, stride_res_head, stride_slots, stride_o_row, stride_o_head, stride_lse_row,
     stride_cpu_o_row, stride_cpu_o_head, stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row,
     stride_out_row, stride_out_head, stride_out_lse_row,
-    scale_log2, log_block_size,
+    scale, scale_log2, log_block_size,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TOPK_P2: tl.constexpr, RESIDENT: tl.constexpr,
     RESIDENT_P2: tl.constexpr, HAS_RESIDENT: tl.constexpr, CPU_PART: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PAD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAD: tl.constexpr, MEAN: tl.constexpr, SLOPE: tl.constexpr, AXIS: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     row = tl.program_id(0).to(tl.int64)
@@ -95,9 +98,13 @@ def _estimate_merge_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        value = tl.load(mean_ptr + page[:, None] * stride_mean_page + head * stride_mean_head + d[None, :],
-                        mask=summary, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, value, input_precision="ieee")
+        entry = mean_ptr + page[:, None] * stride_mean_page + head * stride_mean_head + d[None, :]
+        mean = tl.load(entry + MEAN * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
+        slope = tl.load(entry + SLOPE * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
+        axis = tl.load(entry + AXIS * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
+        moved = p * tl.dot(q, tl.trans(axis), input_precision="ieee") * scale  # [BLOCK_G, BLOCK_N]
+        acc = acc * alpha[:, None] + tl.dot(p, mean, input_precision="ieee") + tl.dot(moved, slope,
+                                                                                    input_precision="ieee")
         m_i = m_new
     has = l_i > 0
     est_o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -130,8 +137,8 @@ def _estimate_merge_kernel(
 def _config(group_size, head_dim, topk, num_resident, cpu_part, write_lse):
     return dict(GROUP_SIZE=group_size, HEAD_DIM=head_dim, TOPK_P2=p2(topk), RESIDENT=num_resident,
                 RESIDENT_P2=p2(num_resident), HAS_RESIDENT=num_resident > 0, CPU_PART=cpu_part, WRITE_LSE=write_lse,
-                PAD=PAD_BLOCK, BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)), BLOCK_N=_BLOCK_N,
-                BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)))
+                PAD=PAD_BLOCK, MEAN=MEAN, SLOPE=SLOPE, AXIS=AXIS, BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)),
+                BLOCK_N=_BLOCK_N, BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)))
 
 
 def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
@@ -152,13 +159,13 @@ def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
     status = unused if cpu is None else cpu.status
     out_lse_arg, s_out_lse = or_unused(out_lse, unused, 1)
     _estimate_merge_kernel[(rows, num_kv_heads)](
-        q, blocks.digest_min, blocks.digest_max, blocks.value_mean, blocks.block_table, blocks.num_full,
+        q, blocks.digest_min, blocks.digest_max, blocks.value_summary, blocks.block_table, blocks.num_full,
         blocks.selected, blocks.counts, resident, slots, o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out,
         out_lse_arg,
         *q.stride()[:2], *blocks.digest_min.stride()[:2], *blocks.digest_max.stride()[:2],
-        *blocks.value_mean.stride()[:2], blocks.block_table.stride(0), blocks.num_full.stride(0),
+        *blocks.value_summary.stride()[:3], blocks.block_table.stride(0), blocks.num_full.stride(0),
         *blocks.selected.stride()[:2], blocks.counts.stride(0), *s_res, *s_slots, *o.stride()[:2], lse.stride(0),
         *s_cpu_o, *s_cpu_lse, *s_fb_o, *s_fb_lse, *out.stride()[:2], *s_out_lse,
-        blocks.scale * _LOG2E, math.log(blocks.block_size),
+        blocks.scale, blocks.scale * _LOG2E, math.log(blocks.block_size),
         **config,
     )  # fmt: skip

@@ -2,7 +2,8 @@
 
 Writes the step's new token (K and V) into its page. When the token completes
 the block (its offset is S - 1), the same program also writes the block's
-digest (min and max of K per channel) and, for an offloaded layer, the whole
+digest (min and max of K per channel), with the estimate on its value summary
+(triton/value_summary.py), and, for an offloaded layer, the whole
 block into the host store (page-locked on CUDA, written through unified
 addressing): masked stores, so the launch is the same in every step.
 
@@ -17,17 +18,18 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.triton.lists import as_mask
 from scout_sglang.kernels.triton.sizes import p2
+from scout_sglang.kernels.triton.value_summary import store_value_summary, value_summary_rows
 
 
 @triton.jit
 def _append_token_kernel(
     k_new_ptr, v_new_ptr, k_ptr, v_ptr, pages_ptr, offsets_ptr, digest_min_ptr, digest_max_ptr, digest_rows_ptr,
-    value_mean_ptr, host_k_ptr, host_v_ptr, host_rows_ptr,
+    value_summary_ptr, host_k_ptr, host_v_ptr, host_rows_ptr,
     stride_new_batch, stride_new_head, stride_vnew_batch, stride_vnew_head, stride_k_page, stride_k_head, stride_k_tok, stride_v_page, stride_v_head,
     stride_v_tok, stride_pages, stride_offsets, stride_dig_row, stride_dig_head, stride_dig_rows, stride_mean_row,
-    stride_mean_head, stride_host_page, stride_host_head, stride_host_tok, stride_host_rows,
+    stride_mean_head, stride_mean_part, stride_host_page, stride_host_head, stride_host_tok, stride_host_rows,
     BLOCK_SIZE: tl.constexpr, SIZE_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    DIGEST: tl.constexpr, VALUE_MEAN: tl.constexpr, HOST: tl.constexpr,
+    DIGEST: tl.constexpr, VALUE_SUMMARY: tl.constexpr, HOST: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -59,15 +61,15 @@ def _append_token_kernel(
             digest = row * stride_dig_row + head * stride_dig_head + d
             tl.store(digest_min_ptr + digest, k_min.to(digest_min_ptr.dtype.element_ty), mask=in_dim & as_mask(offset == BLOCK_SIZE - 1, d))
             tl.store(digest_max_ptr + digest, k_max.to(digest_max_ptr.dtype.element_ty), mask=in_dim & as_mask(offset == BLOCK_SIZE - 1, d))
-        if VALUE_MEAN or HOST:
+        if VALUE_SUMMARY or HOST:
             v_block = tl.load(v_page + s[:, None] * stride_v_tok + d[None, :], mask=older, other=0.0)
             v_block = tl.where(new_row, v[None, :], v_block)
-        if VALUE_MEAN:  # the rows past the block size are padding, loaded as 0: left out of the sum
-            v_sum = tl.sum(tl.where(rows, v_block.to(tl.float32), 0.0), axis=0)
+        if VALUE_SUMMARY:  # the rows past the block size are padding: masked out of every sum
+            mean, slope, axis = value_summary_rows(k_block.to(tl.float32), v_block.to(tl.float32), rows, in_dim,
+                                                   BLOCK_SIZE, HEAD_DIM)
             row = tl.load(digest_rows_ptr + batch * stride_dig_rows).to(tl.int64)
-            tl.store(value_mean_ptr + row * stride_mean_row + head * stride_mean_head + d,
-                     (v_sum / BLOCK_SIZE).to(value_mean_ptr.dtype.element_ty),
-                     mask=in_dim & as_mask(offset == BLOCK_SIZE - 1, d))
+            store_value_summary(value_summary_ptr + row * stride_mean_row + head * stride_mean_head + d,
+                                stride_mean_part, mean, slope, axis, in_dim & as_mask(offset == BLOCK_SIZE - 1, d))
         if HOST:
             host = tl.load(host_rows_ptr + batch * stride_host_rows).to(tl.int64) * stride_host_page
             host += head * stride_host_head + s[:, None] * stride_host_tok + d[None, :]
@@ -76,23 +78,23 @@ def _append_token_kernel(
 
 
 def append_token_triton(k_new, v_new, k_store, v_store, pages, offsets, *, digest_min, digest_max, digest_rows,
-                        value_mean, host_k, host_v, host_rows) -> None:
+                        value_summary, host_k, host_v, host_rows) -> None:
     """Launch the append stage; arguments as stage_append.append_token (validated there)."""
     batch_size, num_kv_heads, head_dim = k_new.shape
     if batch_size == 0:
         return
-    digest, mean, host = digest_min is not None, value_mean is not None, host_k is not None
+    digest, mean, host = digest_min is not None, value_summary is not None, host_k is not None
     block_size = k_store.shape[2]
     unused = pages  # pointer arguments that a disabled branch never reads
     _append_token_kernel[(batch_size, num_kv_heads)](
         k_new, v_new, k_store, v_store, pages, offsets, digest_min if digest else unused,
-        digest_max if digest else unused, digest_rows if digest else unused, value_mean if mean else unused,
+        digest_max if digest else unused, digest_rows if digest else unused, value_summary if mean else unused,
         host_k if host else unused,
         host_v if host else unused, host_rows if host else unused,
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), *k_store.stride()[:3], *v_store.stride()[:3], pages.stride(0),
         offsets.stride(0), *(digest_min.stride()[:2] if digest else (0, 0)), digest_rows.stride(0) if digest else 0,
-        *(value_mean.stride()[:2] if mean else (0, 0)), *(host_k.stride()[:3] if host else (0, 0, 0)),
+        *(value_summary.stride()[:3] if mean else (0, 0, 0)), *(host_k.stride()[:3] if host else (0, 0, 0)),
         host_rows.stride(0) if host else 0,
         BLOCK_SIZE=block_size, SIZE_P2=p2(block_size), HEAD_DIM=head_dim,
-        DIM_P2=p2(head_dim), DIGEST=digest, VALUE_MEAN=mean, HOST=host,
+        DIM_P2=p2(head_dim), DIGEST=digest, VALUE_SUMMARY=mean, HOST=host,
     )  # fmt: skip

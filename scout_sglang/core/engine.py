@@ -130,7 +130,7 @@ class CoAttentionEngine:
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
                                           max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,
                                           dtype=dtype, device=self.device, with_digests=config.mode == "quest",
-                                          with_value_means=self.estimates, assigned_pages=assigned_pages)
+                                          with_value_summaries=self.estimates, assigned_pages=assigned_pages)
         # scout's recall, with its brake (kernels.recall_brake) and cap (recall_budget.py)
         recalls = (config.mode == "scout" and config.recall_policy != "off" and config.resident_capacity > 0
                    and bool(self.offloaded_layers))
@@ -140,7 +140,7 @@ class CoAttentionEngine:
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
             device=self.device, borrowed=host_store, assigned_pages=assigned_pages,
             selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
-            value_means=self.estimates,
+            value_summaries=self.estimates,
         )  # fmt: skip
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
@@ -346,13 +346,13 @@ class CoAttentionEngine:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""
         full, off = self.full_store, self.offloaded
         full_kv = _nbytes(full.k, full.v)
-        full_digests = _nbytes(full.digest_min, full.digest_max, full.value_mean)
-        digests, window = _nbytes(off.digest_min, off.digest_max, off.value_mean), _nbytes(off.dev_k, off.dev_v)
+        full_digests = _nbytes(full.digest_min, full.digest_max, full.value_summary)
+        digests, window = _nbytes(off.digest_min, off.digest_max, off.value_summary), _nbytes(off.dev_k, off.dev_v)
         host_page = sum(t[0].numel() * t.element_size() for t in (*off.host_k.values(), *off.host_v.values()))
         # Each store has one scratch page beyond its allocator's pages (stores.py): allocated, never used.
         full_used = full.pages.num_used / (full.pages.num_pages + 1)
         digest_row = sum(t[0].numel() * t.element_size()
-                         for t in (*off.digest_min.values(), *off.digest_max.values(), *off.value_mean.values()))
+                         for t in (*off.digest_min.values(), *off.digest_max.values(), *off.value_summary.values()))
         window_used = off.device_pages.num_used / (off.device_pages.num_pages + 1)
         return {
             "tokens": sum(state.num_tokens for state in self.requests.values()),

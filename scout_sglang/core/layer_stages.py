@@ -154,8 +154,9 @@ class LayerStages:
         plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
         append_token(k_new, v_new, store.dev_k[layer], store.dev_v[layer], plan.window_append_page,
                      plan.append_offset, digest_min=store.digest_min[layer], digest_max=store.digest_max[layer],
-                     digest_rows=plan.fill_host_row, value_mean=store.value_mean.get(layer), host_k=store.host_k[layer],
-                     host_v=store.host_v[layer], host_rows=plan.fill_host_row, host_scratch=store.host_scratch_page,
+                     digest_rows=plan.fill_host_row, value_summary=store.value_summary.get(layer),
+                     host_k=store.host_k[layer], host_v=store.host_v[layer], host_rows=plan.fill_host_row,
+                     host_scratch=store.host_scratch_page,
                      impl=self.stage_impl, validate=False)
         kernels.sparse_decode(q, store.dev_k[layer], store.dev_v[layer], chosen.device_pages[:rows],
                               chosen.device_counts[:rows], scale=self.scale, last_block_len=plan.last_len_heads,
@@ -169,7 +170,7 @@ class LayerStages:
         plan, chosen, rows = self.engine.plan, self.buffers.of(layer), self.engine.plan.rows
         store, table = (self.offloaded, plan.host_table) if offloaded else (self.full_store, plan.full_table)
         resident = offloaded and self.resident and self.config.mode == "scout"
-        return UnattendedBlocks(store.digest_min[layer], store.digest_max[layer], store.value_mean[layer], table,
+        return UnattendedBlocks(store.digest_min[layer], store.digest_max[layer], store.value_summary[layer], table,
                                 plan.num_full, chosen.selected[:rows], chosen.counts[:rows],
                                 store.resident_map[layer] if resident else None, plan.slots if resident else None,
                                 block_size=self.config.block_size, scale=self.scale)
@@ -217,7 +218,7 @@ class LayerStages:
         append_token(k_new, v_new, store.k[layer], store.v[layer], plan.full_append_page, plan.append_offset,
                      digest_min=store.digest_min[layer] if digests else None,
                      digest_max=store.digest_max[layer] if digests else None,
-                     digest_rows=plan.fill_full_row if digests else None, value_mean=store.value_mean.get(layer),
+                     digest_rows=plan.fill_full_row if digests else None, value_summary=store.value_summary.get(layer),
                      impl=self.stage_impl, validate=False)
         table, counts = plan.full_lists, plan.full_counts
         if selects:

@@ -7,7 +7,7 @@ Where each block of each request lives, per layer (layout: scout_sglang.layout):
   offloaded layers (modes scout/infinigen/hgca)
       host:   host_k/host_v[layer][host page]   every FULL block
       device: digest_min/max[layer][host page]  digests of every full block
-              value_mean[layer][host page]      its mean value (with the estimate on)
+              value_summary[layer][host page]      its value summary (with the estimate on)
               window pages per request:
                 [sink_0 .. sink_{s-1}] [ring_0 .. ring_L] [res_0 .. res_{R-1}]
                  first blocks           last L full      resident buffer,
@@ -53,7 +53,7 @@ from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_plan import window_geometry
 from scout_sglang.cpu_worker.host_memory import PageSurvey, alloc_store_tensor, buffers_of
 from scout_sglang.kernels.recall_brake import NO_RUN, new_runs, new_state
-from scout_sglang.layout import PAD_BLOCK
+from scout_sglang.layout import PAD_BLOCK, VALUE_SUMMARY_ROWS
 
 
 # Host markers of pages only the device knows are below this (AssignedPages.assign_unknown).
@@ -277,7 +277,7 @@ class DeviceFullStore:
     too: quest's estimate of the blocks it leaves out)."""
 
     def __init__(self, layers, *, num_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
-                 block_size: int, dtype, device, with_digests: bool, with_value_means: bool = False,
+                 block_size: int, dtype, device, with_digests: bool, with_value_summaries: bool = False,
                  assigned_pages: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
@@ -288,8 +288,9 @@ class DeviceFullStore:
         digest_shape = (num_pages + 1, shape.num_kv_heads, shape.head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers} if with_digests else {}
-        self.value_mean = {layer: torch.zeros(digest_shape, dtype=dtype, device=device)
-                           for layer in self.layers} if with_digests and with_value_means else {}
+        summary_shape = (num_pages + 1, shape.num_kv_heads, VALUE_SUMMARY_ROWS, shape.head_dim)
+        self.value_summary = {layer: torch.zeros(summary_shape, dtype=dtype, device=device)
+                              for layer in self.layers} if with_digests and with_value_summaries else {}
         name = "device full-KV pages"
         self.tables = AssignedPageTable(num_pages, max_requests, max_blocks, name=name, scratch_page=num_pages) \
             if assigned_pages else SlotPageTable(num_pages, max_requests, max_blocks, name=name)
@@ -316,9 +317,9 @@ class DeviceFullStore:
         if not self.digest_min or not page_ids:
             return
         index = torch.tensor(page_ids, dtype=torch.int32, device=self.device)
-        means = layer in self.value_mean
+        means = layer in self.value_summary
         kernels.update_digests(self.k[layer], index, self.digest_min[layer], self.digest_max[layer],
-                               v_cache=self.v[layer] if means else None, value_mean=self.value_mean.get(layer))
+                               v_cache=self.v[layer] if means else None, value_summary=self.value_summary.get(layer))
 
     def release(self, rid: int, slot: int) -> None:
         self.tables.release(rid, slot)
@@ -330,7 +331,7 @@ class OffloadedStore:
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
                  borrowed: BorrowedHostStore | None = None, assigned_pages: bool = False, selection_runs: bool = False,
-                 recall_brake: bool = False, value_means: bool = False):
+                 recall_brake: bool = False, value_summaries: bool = False):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -370,9 +371,10 @@ class OffloadedStore:
         digest_shape = (num_host_pages + 1, num_kv_heads, head_dim)
         self.digest_min = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
         self.digest_max = {layer: torch.zeros(digest_shape, dtype=dtype, device=device) for layer in self.layers}
-        # The estimate of the unattended blocks (kernels/estimate.py): one more vector per block and KV head.
-        self.value_mean = {layer: torch.zeros(digest_shape, dtype=dtype, device=device)
-                           for layer in (self.layers if value_means else ())}
+        # The estimate of the unattended blocks (kernels/estimate.py): three more vectors per block and KV head.
+        summary_shape = (num_host_pages + 1, num_kv_heads, VALUE_SUMMARY_ROWS, head_dim)
+        self.value_summary = {layer: torch.zeros(summary_shape, dtype=dtype, device=device)
+                              for layer in (self.layers if value_summaries else ())}
         num_device_pages = max_requests * self.pages_per_request
         self.device_scratch_page = num_device_pages
         device_shape = (num_device_pages + 1, num_kv_heads, block_size, head_dim)
@@ -485,10 +487,10 @@ class OffloadedStore:
         min and max of K, and the mean of V where the store keeps it."""
         table = self.host_pages.table(rid)
         rows = torch.tensor([table[j] for j in blocks], dtype=torch.int32, device=self.device)
-        dtype, means = self.digest_min[layer].dtype, layer in self.value_mean
+        dtype, means = self.digest_min[layer].dtype, layer in self.value_summary
         kernels.digest_blocks(k_blocks.to(dtype).contiguous(), rows, self.digest_min[layer], self.digest_max[layer],
                               v_blocks=v_blocks.to(dtype).contiguous() if means else None,
-                              value_mean=self.value_mean.get(layer))
+                              value_summary=self.value_summary.get(layer))
 
     def host_bytes_owned(self) -> int:
         """Host bytes this store allocated (none when borrowed)."""

@@ -5,7 +5,7 @@ written for clarity, not speed. Layout: scout_sglang.layout. LSE: natural log.
 """
 
 from scout_sglang.reference.attention import dense_decode, gather_head_tokens, merge_states, sparse_decode
-from scout_sglang.reference.estimate import block_summaries, estimate_blocks
+from scout_sglang.reference.estimate import block_summaries, estimate_blocks, value_summary_of_block
 from scout_sglang.reference.selection import block_digests, quest_scores, select_topk, split_selection
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "select_topk",
     "sparse_decode",
     "split_selection",
+    "value_summary_of_block",
 ]

@@ -5,7 +5,7 @@ Device bytes are what the engine allocates on the device, in three parts, plus
 SGLang's own pool when it lives on the device:
   digests              min/max of K for every full block of the logical capacity
                        (offloaded layers; quest's device-full layers too), and
-                       its mean value with the estimate on (SCOUT_ESTIMATE)
+                       its value summary with the estimate on (SCOUT_ESTIMATE)
   window_and_resident  per request slot and offloaded layer: sink, last full
                        blocks, the partial tail and the resident buffer
   dense_layer          layers that keep every token on the device (dense_layers,
@@ -21,6 +21,7 @@ from __future__ import annotations
 from scout_sglang.core.engine import CPU_MODES, RESIDENT_MODES
 from scout_sglang.core.stores import ceil_div
 from scout_sglang.cpu_worker.host_memory import page_text
+from scout_sglang.layout import VALUE_SUMMARY_ROWS
 
 MIB = 2**20
 GIB = 2**30
@@ -34,8 +35,9 @@ def size_text(num_bytes: float) -> str:
 
 def digest_vectors(config) -> int:
     """Vectors of D elements the device keeps per full block and KV head where it keeps digests: min and max of K,
-    and the mean of V when the estimate of the unattended blocks is on (every sparse mode)."""
-    return 3 if config.estimate and config.mode != "full" else 2
+    and the value summary (mean value, slope, axis) when the estimate of the unattended blocks is on (every sparse
+    mode)."""
+    return 2 + VALUE_SUMMARY_ROWS if config.estimate and config.mode != "full" else 2
 
 
 def engine_total_pages(logical_tokens: int, block_size: int, slots: int) -> int:
@@ -59,7 +61,7 @@ def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, 
     offloaded, full = layer_split(config, num_layers)
     block = config.block_size
     page = 2 * num_kv_heads * block * head_dim * itemsize  # K and V of one block
-    digest_row = digest_vectors(config) * num_kv_heads * head_dim * itemsize  # min, max (and mean value) of a block
+    digest_row = digest_vectors(config) * num_kv_heads * head_dim * itemsize  # min, max (and value summary) of a block
     resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
     # Every store has one scratch page for the decode step's fixed-shape writes (core/stores.py).
     pages, window_pages = total_pages + 1, slots * (config.sink_blocks + config.local_blocks + 1 + resident) + 1
@@ -77,8 +79,8 @@ def device_parts(engine) -> dict:
     """Device bytes the built engine allocated, by part (they add up to engine.memory()'s device bytes)."""
     full, off = engine.full_store, engine.offloaded
     return {
-        "digest_bytes_allocated": _nbytes(off.digest_min, off.digest_max, off.value_mean, full.digest_min,
-                                          full.digest_max, full.value_mean),
+        "digest_bytes_allocated": _nbytes(off.digest_min, off.digest_max, off.value_summary, full.digest_min,
+                                          full.digest_max, full.value_summary),
         "window_and_resident_bytes_allocated": _nbytes(off.dev_k, off.dev_v),
         "dense_layer_bytes_allocated": _nbytes(full.k, full.v),
     }
@@ -120,7 +122,7 @@ def request_device_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim
     block = config.block_size
     token = 2 * num_kv_heads * head_dim * itemsize  # K and V of one token in one layer
     blocks = ceil_div(context, block)
-    digests = blocks * digest_vectors(config) * num_kv_heads * head_dim * itemsize  # min and max of K (mean of V)
+    digests = blocks * digest_vectors(config) * num_kv_heads * head_dim * itemsize  # min and max of K (value summary)
     dense = blocks * block * token + (digests if config.mode == "quest" else 0)
     resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
     pages_per_request = config.sink_blocks + config.local_blocks + 1 + resident  # as OffloadedStore sizes them

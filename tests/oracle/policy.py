@@ -204,5 +204,5 @@ def unattended(num_full: int, attended: set[int]) -> list[int]:
 def estimate(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, blocks_per_head: list[list[int]], *,
              block_size: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The estimate of one request's blocks per KV head from its own K/V: (o [Hq, D], lse [Hq] natural log)."""
-    key_summary, value_mean = reference.block_summaries(keys, values, block_size)
-    return reference.estimate_blocks(q, key_summary, value_mean, blocks_per_head, block_size=block_size, scale=scale)
+    key_summary, value_summary = reference.block_summaries(keys, values, block_size)
+    return reference.estimate_blocks(q, key_summary, value_summary, blocks_per_head, block_size=block_size, scale=scale)

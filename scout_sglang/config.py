@@ -56,8 +56,9 @@ class ScoutConfig:
     recall_link_share: float = 0.1  # share of a step's time that recall traffic may take on that link
     layer_ahead: bool = True  # ablation switch: False launches CPU work in the same layer
     # Sparse modes: the full blocks a layer attends neither on the device nor on the CPU enter as one more partial
-    # attention, each block weighed by its size and its key digest's midpoint and read as its mean value, merged by
-    # LSE (docs/algorithm.md). Costs one vector per block and KV head on the device (the mean value).
+    # attention, each block weighed by its size and its key digest's midpoint and read as its mean value moved to
+    # first order in the query, merged by LSE (docs/algorithm.md). Costs three vectors per block and KV head on the
+    # device (the value summary: mean, slope, axis).
     estimate: bool = False
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)

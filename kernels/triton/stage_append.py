@@ -64,12 +64,15 @@ def _append_token_kernel(
         if VALUE_SUMMARY or HOST:
             v_block = tl.load(v_page + s[:, None] * stride_v_tok + d[None, :], mask=older, other=0.0)
             v_block = tl.where(new_row, v[None, :], v_block)
-        if VALUE_SUMMARY:  # the rows past the block size are padding: masked out of every sum
-            mean, slope, axis = value_summary_rows(k_block.to(tl.float32), v_block.to(tl.float32), rows, in_dim,
-                                                   BLOCK_SIZE, HEAD_DIM)
-            row = tl.load(digest_rows_ptr + batch * stride_dig_rows).to(tl.int64)
-            store_value_summary(value_summary_ptr + row * stride_mean_row + head * stride_mean_head + d,
-                                stride_mean_part, mean, slope, axis, in_dim & as_mask(offset == BLOCK_SIZE - 1, d))
+        # The value summary's power iteration only where the token completes its block: a branch of the whole
+        # program (one (request, KV head)), so the launch stays the same and the other programs skip the work.
+        if VALUE_SUMMARY:
+            if offset == BLOCK_SIZE - 1:  # the rows past the block size: masked out of every sum
+                mean, slope, axis = value_summary_rows(k_block.to(tl.float32), v_block.to(tl.float32), rows, in_dim,
+                                                       BLOCK_SIZE, HEAD_DIM)
+                row = tl.load(digest_rows_ptr + batch * stride_dig_rows).to(tl.int64)
+                store_value_summary(value_summary_ptr + row * stride_mean_row + head * stride_mean_head + d,
+                                    stride_mean_part, mean, slope, axis, in_dim)
         if HOST:
             host = tl.load(host_rows_ptr + batch * stride_host_rows).to(tl.int64) * stride_host_page
             host += head * stride_host_head + s[:, None] * stride_host_tok + d[None, :]

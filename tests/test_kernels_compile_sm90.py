@@ -1,0 +1,81 @@
+"""The Triton kernels that hold the estimate's value summary compile for a Hopper GPU (sm_90) with the real
+backend, here without a GPU: the interpreter runs the kernels as Python (numpy on tiles), not through the
+compiler's typing, layouts and code generation, so a kernel the compiler refuses would otherwise first fail on a
+GPU. Compile only, in a child process without TRITON_INTERPRET (under it @triton.jit builds no compiler
+input); nothing is launched. Shapes as Qwen3-8B's (D 128, blocks of 16, 4 query heads per KV head)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support import requires_triton
+
+pytestmark = [requires_triton, pytest.mark.slow]
+
+INDEX_POINTERS = ("page_ids_ptr", "rows_ptr", "pages_ptr", "offsets_ptr", "digest_rows_ptr", "host_rows_ptr",
+                  "table_ptr", "num_full_ptr", "selected_ptr", "counts_ptr", "resident_ptr", "slots_ptr",
+                  "status_ptr")
+FP32_POINTERS = ("lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr")
+FP32_SCALARS = ("scale", "scale_log2", "log_block_size")
+
+
+def compile_for_hopper(kernel, constexprs: dict) -> str:
+    """The PTX of a @triton.jit kernel compiled for sm_90: bf16 tensors, int32 index tensors, int64 strides."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def arg_type(name):
+        if name in constexprs:
+            return "constexpr"
+        if name.endswith("_ptr"):
+            return "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else "*bf16"
+        return "fp32" if name in FP32_SCALARS else "i64"
+
+    signature = {name: arg_type(name) for name in kernel.arg_names}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+def compile_all() -> dict:
+    """Each kernel and configuration -> its PTX (run in the child)."""
+    from scout_sglang.kernels.triton.digest import _block_digest_kernel
+    from scout_sglang.kernels.triton.estimate import _config, _estimate_merge_kernel
+    from scout_sglang.kernels.triton.stage_append import _append_token_kernel
+
+    ptx = {}
+    for summary in (False, True):
+        ptx[f"digest/{summary}"] = compile_for_hopper(
+            _block_digest_kernel, dict(BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_S=16, BLOCK_D=128, VALUE_SUMMARY=summary))
+        ptx[f"append/{summary}"] = compile_for_hopper(
+            _append_token_kernel, dict(BLOCK_SIZE=16, SIZE_P2=16, HEAD_DIM=128, DIM_P2=128, DIGEST=True,
+                                       VALUE_SUMMARY=summary, HOST=True))
+    ptx["estimate"] = compile_for_hopper(_estimate_merge_kernel, _config(4, 128, 32, 4, True, True))
+    return ptx
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    if child.returncode and "ptxas" in child.stderr.lower():  # the backend's own tools missing: nothing compiles
+        pytest.skip(f"no CUDA compiler tools: {child.stderr[-300:]}")
+    assert child.returncode == 0, child.stderr[-3000:]
+    return json.loads(child.stdout.splitlines()[-1])
+
+
+def test_the_digest_and_append_kernels_compile_with_and_without_the_value_summary(ptx):
+    for name in ("digest/False", "digest/True", "append/False", "append/True"):
+        assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
+        # The summary normalises its axis (a square root): in the code only where the summary is on.
+        assert ("sqrt" in ptx[name]) == name.endswith("True"), name
+
+
+def test_the_estimate_kernel_compiles_with_the_slope(ptx):
+    assert ".target sm_90" in ptx["estimate"] and "st.global" in ptx["estimate"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(compile_all()))

@@ -110,7 +110,7 @@ def target_lines(verdict) -> list[str]:
     worst_estimate, worst_quest = verdict.get("estimate_worst_cell"), verdict.get("scout_worst_against_quest")
     return [
         f"- separates the modes at 1/16 (a sparse mode without the estimate > 3 points below Full): "
-        f"{verdict['separates_at_1_16'] or 'no'}",
+        f"{'not measured' if verdict['separates_at_1_16'] is None else verdict['separates_at_1_16'] or 'no'}",
         f"- Scout with the estimate within 2 points of Full at 1/8 on niah, values, chain: "
         f"{mark(verdict['scout_est_within_2_at_1_8'])} ({verdict['scout_est_drop_points'].get(8)})",
         f"- ... within 4 points at 1/16: {mark(verdict['scout_est_within_4_at_1_16'])} "

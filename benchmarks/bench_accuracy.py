@@ -251,7 +251,7 @@ def checks(drops, rows=()) -> dict:
 
     engine = [d for d in drops if d["path"] == "engine"]
     against_full = [d for d in engine if d["against"] == "full"]
-    separating = [d for d in against_full if d["fraction"] == 16 and d["mode"] in SPARSE and d["points"] > 3]
+    sparse_at_16 = [d for d in against_full if d["fraction"] == 16 and d["mode"] in SPARSE]
     scout_est = {f: {d["task"]: d["points"] for d in against_full if d["mode"] == "scout" + ESTIMATE
                      and d["fraction"] == f and d["task"] != "common"} for f in (8, 16)}
     common = {r["fraction"]: round(100 * r["accuracy"], 1) for r in rows
@@ -259,7 +259,8 @@ def checks(drops, rows=()) -> dict:
     gains = [d for d in engine if d["mode"] == "scout" + ESTIMATE and d["against"] == "scout"]
     against_quest = [d for d in engine if d["mode"] == "scout" and d["against"] == "quest"]
     return {
-        "separates_at_1_16": sorted({(d["mode"], d["task"]) for d in separating}),
+        "separates_at_1_16": verdict(sparse_at_16, lambda c: sorted({(d["mode"], d["task"]) for d in c
+                                                                     if d["points"] > 3})),
         "scout_est_within_2_at_1_8": verdict(scout_est[8], lambda c: all(p <= 2 for p in c.values())),
         "scout_est_within_4_at_1_16": verdict(scout_est[16], lambda c: all(p <= 4 for p in c.values())),
         "scout_est_drop_points": scout_est,

@@ -78,8 +78,10 @@ def test_a_target_whose_cells_did_not_run_is_not_measured_rather_than_missed():
     assert verdict["scout_within_2_of_quest"] is None and verdict["common_at_least_80_at_1_16"] is None
     assert verdict["common_at_least_90_at_1_8"] is False and verdict["estimate_never_costs_more_than_1_in_64"]
     assert verdict["scout_est_within_2_at_1_8"] is None  # only common ran: the target is on the other tasks
+    assert verdict["separates_at_1_16"] is None  # no other sparse mode ran at 1/16
     lines = report.target_lines(verdict)
     assert any("Quest in every cell: not measured" in line for line in lines)
+    assert any("separates the modes" in line and line.endswith(": not measured") for line in lines)
 
 
 def test_partial_credit_is_the_share_of_the_answers_words_found():

@@ -132,7 +132,7 @@ def estimated_as(variant: str):
 
 def recording_engine(max_requests: int, max_tokens_per_request: int):
     """A factory engine(config, shape) for the reference decoder that records each layer's raw K/V pages by its
-    value-mean store (the rows of the summaries are the pages of that store)."""
+    value-summary store (the rows of the summaries are the pages of that store)."""
     from scout_sglang.core.engine import CoAttentionEngine
 
     def build(config, shape):

@@ -1,4 +1,4 @@
-"""Block digests: per-channel min and max of K per page and KV head (Quest), and the mean of V.
+"""Block digests: per-channel min and max of K per page and KV head (Quest), and the value summary of V.
 
 First stage of digest -> select -> device part / CPU part -> merge. Digests are
 stored per page in the cache dtype (min/max of bf16 values are exact in bf16),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from scout_sglang.layout import SLOPE_ITERATIONS
+from scout_sglang.layout import AXIS, MEAN, SLOPE, SLOPE_ITERATIONS, VALUE_SUMMARY_ROWS
 
 
 def value_summaries_torch(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> torch.Tensor:
@@ -38,4 +38,6 @@ def value_summaries_torch(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tor
         axis = torch.einsum("nhs,nhsd->nhd", torch.einsum("nhsd,nhd->nhs", vc, slope), kc) / size  # C^T C x
         norm = axis.norm(dim=-1, keepdim=True)
         axis = axis / torch.where(norm > 0, norm, 1.0)
-    return torch.stack([mean, cross(axis), axis], dim=2)
+    summary = torch.empty(*mean.shape[:2], VALUE_SUMMARY_ROWS, mean.shape[2], device=mean.device)
+    summary[:, :, MEAN], summary[:, :, SLOPE], summary[:, :, AXIS] = mean, cross(axis), axis
+    return summary

@@ -168,17 +168,18 @@ def test_a_block_whose_keys_are_all_equal_is_estimated_exactly(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_digests_write_the_value_summary_of_each_block(impl, dtype):
+@pytest.mark.parametrize("block", [BLOCK, 3])  # 3: the kernel's tile has a padding row, which no sum may see
+def test_the_digests_write_the_value_summary_of_each_block(impl, dtype, block):
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     gen = torch.Generator().manual_seed(5)
-    k_pages, v_pages = (torch.randn(6, HEADS, BLOCK, DIM, generator=gen).to(dtype) for _ in range(2))
+    k_pages, v_pages = (torch.randn(6, HEADS, block, DIM, generator=gen).to(dtype) for _ in range(2))
     dmin, dmax = (torch.full((8, HEADS, DIM), 7.0, dtype=dtype, device=device) for _ in range(2))
     summary = torch.full((8, HEADS, 3, DIM), 7.0, dtype=dtype, device=device)
     kernels.update_digests(k_pages.to(device), torch.tensor([4, 1], dtype=torch.int32, device=device), dmin, dmax,
                            rows=torch.tensor([6, 2], dtype=torch.int32, device=device), v_cache=v_pages.to(device),
                            value_summary=summary, impl=impl)
     _, expected = reference.block_summaries(k_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM),
-                                            v_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM), BLOCK)
+                                            v_pages[[4, 1]].transpose(1, 2).reshape(-1, HEADS, DIM), block)
     summary = summary.cpu()
     assert_close(summary[[6, 2]], expected, dtype)
     assert torch.all(summary[[0, 1, 3, 4, 5, 7]] == 7.0)

@@ -86,7 +86,8 @@ def append_token_triton(k_new, v_new, k_store, v_store, pages, offsets, *, diges
     batch_size, num_kv_heads, head_dim = k_new.shape
     if batch_size == 0:
         return
-    digest, mean, host = digest_min is not None, value_summary is not None, host_k is not None
+    digest, host = digest_min is not None, host_k is not None
+    mean = digest and value_summary is not None  # the summary goes to the digests' row: never without them
     block_size = k_store.shape[2]
     unused = pages  # pointer arguments that a disabled branch never reads
     _append_token_kernel[(batch_size, num_kv_heads)](

@@ -125,7 +125,7 @@ class CoAttentionEngine:
         self.max_requests = max_requests
         self.max_blocks = ceil_div(max_tokens_per_request, self.block_size) + 1
         pages = total_pages or max_requests * ceil_div(max_tokens_per_request, self.block_size)
-        # The estimate of the unattended blocks (kernels/estimate.py): every sparse mode, a mean value per block.
+        # The estimate of the unattended blocks (kernels/estimate.py): every sparse mode, a value summary per block.
         self.estimates = config.estimate and config.mode != "full"
         self.full_store = DeviceFullStore(self.full_layers, num_pages=pages, max_requests=max_requests,
                                           max_blocks=self.max_blocks, shape=shape, block_size=self.block_size,

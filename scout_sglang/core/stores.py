@@ -273,8 +273,8 @@ class BorrowedHostStore:
 
 
 class DeviceFullStore:
-    """Every block of every request on the device, for the given layers (with digests: quest's; with value means
-    too: quest's estimate of the blocks it leaves out)."""
+    """Every block of every request on the device, for the given layers (with digests: quest's; with value
+    summaries too: quest's estimate of the blocks it leaves out)."""
 
     def __init__(self, layers, *, num_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, dtype, device, with_digests: bool, with_value_summaries: bool = False,
@@ -484,7 +484,7 @@ class OffloadedStore:
     def write_digests(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor,
                       v_blocks: torch.Tensor) -> None:
         """Digests of full blocks (k_blocks, v_blocks [n, Hkv, S, D] on the device), in the rows of their host pages:
-        min and max of K, and the mean of V where the store keeps it."""
+        min and max of K, and the value summary where the store keeps it."""
         table = self.host_pages.table(rid)
         rows = torch.tensor([table[j] for j in blocks], dtype=torch.int32, device=self.device)
         dtype, means = self.digest_min[layer].dtype, layer in self.value_summary

@@ -47,7 +47,9 @@ def value_summary_of_block(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         axis = cross.T @ (cross @ axis)
         norm = axis.norm()
         axis = axis / norm if norm > 0 else torch.zeros_like(axis)
-    return torch.stack([v.mean(dim=0), cross @ axis, axis])
+    summary = torch.empty(3, k.shape[1])
+    summary[MEAN], summary[SLOPE], summary[AXIS] = v.mean(dim=0), cross @ axis, axis
+    return summary
 
 
 def block_summaries(k: torch.Tensor, v: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

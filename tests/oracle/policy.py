@@ -20,7 +20,7 @@ Where the engine is free to choose, the rule is fixed here and in recall.py:
   per-step cap, and a row backs off (Brake) when less than half of what its
   last recall brought in is selected again;
 - with the estimate on, every full block that is neither selected nor attended
-  (device or CPU) enters as its digest's midpoint and mean value, with the
+  (device or CPU) enters as its digest's midpoint and value summary, with the
   layer's real query, merged last.
 """
 

@@ -327,7 +327,8 @@ def main(argv=None) -> int:
                            args.out / "server-logs", [v for v in variants if v in SERVER_VARIANTS])
     drops = comparisons(rows)
     verdict = checks(drops, rows)
-    meta = {"model": model_dir.name, "samples": args.samples, "device": "cpu (engine and server)",
+    meta = {"model": model_dir.name, "samples": args.samples,
+            "device": "cpu (engine and server)" if server_samples else "cpu (engine)",
             "server_samples": server_samples, "dense_layers": dense_layers, "torch": torch.__version__,
             "seconds": round(time.perf_counter() - started, 1)}
     if args.quick:

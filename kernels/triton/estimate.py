@@ -26,8 +26,9 @@ import triton.language as tl
 from scout_sglang.kernels.triton.lists import contains
 from scout_sglang.kernels.triton.merge import merge_tile
 from scout_sglang.kernels.triton.sizes import or_unused, p2
+from scout_sglang.kernels.triton.value_summary import load_value_summary
 
-from scout_sglang.layout import AXIS, MEAN, PAD_BLOCK, SLOPE
+from scout_sglang.layout import PAD_BLOCK
 
 _LOG2E = 1.4426950408889634
 # tl.dot needs every dimension >= 16: the G query heads, the tile's blocks and D are padded to at least 16.
@@ -48,8 +49,7 @@ def _estimate_merge_kernel(
     scale, scale_log2, log_block_size,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TOPK_P2: tl.constexpr, RESIDENT: tl.constexpr,
     RESIDENT_P2: tl.constexpr, HAS_RESIDENT: tl.constexpr, CPU_PART: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PAD: tl.constexpr, MEAN: tl.constexpr, SLOPE: tl.constexpr, AXIS: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     row = tl.program_id(0).to(tl.int64)
@@ -98,10 +98,9 @@ def _estimate_merge_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(qk - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        entry = mean_ptr + page[:, None] * stride_mean_page + head * stride_mean_head + d[None, :]
-        mean = tl.load(entry + MEAN * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
-        slope = tl.load(entry + SLOPE * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
-        axis = tl.load(entry + AXIS * stride_mean_part, mask=summary, other=0.0).to(tl.float32)
+        mean, slope, axis = load_value_summary(
+            mean_ptr + page[:, None] * stride_mean_page + head * stride_mean_head + d[None, :], stride_mean_part,
+            summary)
         moved = p * tl.dot(q, tl.trans(axis), input_precision="ieee") * scale  # [BLOCK_G, BLOCK_N]
         acc = acc * alpha[:, None] + tl.dot(p, mean, input_precision="ieee") + tl.dot(moved, slope,
                                                                                     input_precision="ieee")
@@ -137,8 +136,8 @@ def _estimate_merge_kernel(
 def _config(group_size, head_dim, topk, num_resident, cpu_part, write_lse):
     return dict(GROUP_SIZE=group_size, HEAD_DIM=head_dim, TOPK_P2=p2(topk), RESIDENT=num_resident,
                 RESIDENT_P2=p2(num_resident), HAS_RESIDENT=num_resident > 0, CPU_PART=cpu_part, WRITE_LSE=write_lse,
-                PAD=PAD_BLOCK, MEAN=MEAN, SLOPE=SLOPE, AXIS=AXIS, BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)),
-                BLOCK_N=_BLOCK_N, BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)))
+                PAD=PAD_BLOCK, BLOCK_G=max(_MIN_DOT_DIM, p2(group_size)), BLOCK_N=_BLOCK_N,
+                BLOCK_D=max(_MIN_DOT_DIM, p2(head_dim)))
 
 
 def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:

@@ -1,7 +1,7 @@
 """A block's value summary inside a Triton program (kernels/value_summary.py says what and why).
 
-Called by the programs that see a whole block: the digest kernel (prefill, adoption,
-arrival) and the append stage (a block that fills in a step). Same steps as the
+Written by the programs that see a whole block: the digest kernel (prefill, adoption,
+arrival) and the append stage (a block that fills in a step); read by the estimate. Same steps as the
 torch path, on the [S, D] tiles the program already holds, in fp32.
 """
 
@@ -41,3 +41,12 @@ def store_value_summary(entry_ptr, stride_row, mean, slope, axis, mask):
     tl.store(entry_ptr + _MEAN * stride_row, mean.to(entry_ptr.dtype.element_ty), mask=mask)
     tl.store(entry_ptr + _SLOPE * stride_row, slope.to(entry_ptr.dtype.element_ty), mask=mask)
     tl.store(entry_ptr + _AXIS * stride_row, axis.to(entry_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def load_value_summary(entry_ptrs, stride_row, mask):
+    """The three rows of the entries at entry_ptrs (any tile of pointers to row MEAN) -> (mean, slope, axis) fp32."""
+    mean = tl.load(entry_ptrs + _MEAN * stride_row, mask=mask, other=0.0).to(tl.float32)
+    slope = tl.load(entry_ptrs + _SLOPE * stride_row, mask=mask, other=0.0).to(tl.float32)
+    axis = tl.load(entry_ptrs + _AXIS * stride_row, mask=mask, other=0.0).to(tl.float32)
+    return mean, slope, axis

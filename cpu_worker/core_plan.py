@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Iterable
 
-from scout_sglang.cpu_worker.cpu_sets import CpuPlace, cpu_list_text, physical_cores
+from scout_sglang.cpu_worker.cpu_sets import CpuPlace, cpu_list_text, physical_cores, remember_process_cpus
 
 logger = logging.getLogger("scout_sglang.cpu_worker")
 
@@ -98,6 +98,7 @@ def apply_host(plan: CorePlan, *, device_is_cpu: bool) -> bool:
     place, and a shared plan has nothing to move. Returns whether anything was applied."""
     if device_is_cpu or plan.shared:
         return False
+    remember_process_cpus()  # what a later plan in this process starts from, not the host core alone
     try:
         os.sched_setaffinity(0, plan.host)
     except OSError as error:  # a container may forbid it: the workers are still pinned off the host core

@@ -129,6 +129,17 @@ def cpus_of_threads(threads: Iterable) -> list[int]:
     return sorted(cpus)
 
 
+_process_cpus: list[int] | None = None  # the calling thread's CPUs before a core plan moved it (remember_...)
+
+
 def process_cpus() -> list[int]:
-    """The CPUs this process may run on."""
-    return sorted(os.sched_getaffinity(0))
+    """The CPUs this process may run on: the calling thread's, or what they were before a core plan put the host
+    thread on its host core (a second engine in the process plans from the same CPUs as the first)."""
+    return list(_process_cpus) if _process_cpus is not None else sorted(os.sched_getaffinity(0))
+
+
+def remember_process_cpus() -> None:
+    """Keep the calling thread's CPUs as the process's, before a core plan narrows that thread to its host core."""
+    global _process_cpus
+    if _process_cpus is None:
+        _process_cpus = sorted(os.sched_getaffinity(0))

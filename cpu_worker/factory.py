@@ -13,17 +13,16 @@ ring is a host call (the CPU device's torch path: the host kicks them).
 from __future__ import annotations
 
 import logging
-import os
 
 from scout_sglang.cpu_worker.core_plan import CorePlan, apply_host, plan_cores, worker_cpus
-from scout_sglang.cpu_worker.cpu_sets import cpu_list_text
+from scout_sglang.cpu_worker.cpu_sets import cpu_list_text, process_cpus
 
 logger = logging.getLogger("scout_sglang.cpu_worker")
 
 
 def default_cores(device_is_cpu: bool) -> CorePlan:
     """The plan of a process that was given no rank share: its own CPUs (the server passes its rank's plan)."""
-    return plan_cores(os.sched_getaffinity(0), device_is_cpu=device_is_cpu)
+    return plan_cores(process_cpus(), device_is_cpu=device_is_cpu)
 
 
 def make_worker(*, device_is_cpu: bool, rings_from_host: bool, threads: int = 0, impl: str = "auto",

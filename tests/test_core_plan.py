@@ -3,9 +3,11 @@ tensor_parallel.rank_core_plan): on a GPU the first physical core is the host th
 take the rest; on a CPU device the workers take what the device's binding leaves; with nothing to split both
 share, and the plan says why."""
 
+import os
+
 import pytest
 
-from scout_sglang.cpu_worker.core_plan import plan_cores
+from scout_sglang.cpu_worker.core_plan import apply_host, plan_cores
 from scout_sglang.cpu_worker.cpu_sets import CpuPlace, process_cpus
 from scout_sglang.sglang_adapter.tensor_parallel import RankPlace, rank_core_plan
 
@@ -48,3 +50,33 @@ def test_ranks_of_a_bound_cpu_device_split_the_unbound_cpus():
     assert gpu.host == (cpus[0],) and gpu.workers == tuple(cpus[1:])
     unbound = rank_core_plan(RankPlace(), "cpu", {}, topology={})
     assert unbound.shared and unbound.workers == tuple(cpus)
+
+
+@pytest.mark.skipif(len(process_cpus()) < 2, reason="a host core and a worker core need two CPUs")
+def test_a_second_plan_in_the_process_starts_from_the_process_cpus_not_the_host_core():
+    """apply_host puts the calling thread on the host core; a second engine built by that thread (a benchmark's
+    next configuration) must still plan the process's CPUs, not that one core (it had planned one worker thread)."""
+    import threading
+
+    import torch
+
+    before = process_cpus()
+    topology = {cpu: CpuPlace(node=0, package=0, core=cpu) for cpu in before}  # each CPU its own core
+    torch_threads = torch.get_num_threads()
+    seen = {}
+
+    def engine_thread():  # not the test's own thread: its CPUs stay as they are
+        first = plan_cores(process_cpus(), device_is_cpu=False, topology=topology)
+        assert apply_host(first, device_is_cpu=False)
+        seen["thread"] = sorted(os.sched_getaffinity(0))
+        seen["second"] = plan_cores(process_cpus(), device_is_cpu=False, topology=topology)
+        seen["first"] = first
+
+    try:
+        worker = threading.Thread(target=engine_thread)
+        worker.start()
+        worker.join()
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert seen["thread"] == list(seen["first"].host)  # the plan did move the thread
+    assert seen["second"] == seen["first"] and len(seen["second"].workers) == len(before) - 1

@@ -223,3 +223,11 @@ def test_the_arrival_pool_sglang_builds_for_a_gpu_is_page_locked_in_place(cudart
     assert sorted((address, nbytes) for _, address, nbytes, _ in cudart.of("register")) == sorted(allocations)
     borrowed_host_store(pool, [0, 1], 16, "cuda")
     assert len(cudart.of("register")) == len(allocations), "borrowing registers nothing twice"
+
+
+def test_consecutive_runs_cover_every_page_once_in_order():
+    from scout_sglang.core.stores import consecutive_runs
+
+    assert consecutive_runs([]) == []
+    assert consecutive_runs([7]) == [(0, 1)]
+    assert consecutive_runs([3, 4, 5, 9, 10, 2, 1]) == [(0, 3), (3, 2), (5, 1), (6, 1)]

@@ -278,6 +278,8 @@ def cpu_part_against_standalone(setup, rows, layers: int) -> dict:
     """The in-engine CPU part's GB/s against the standalone native kernel at the pool's thread count, on this host
     in this call, at the shape of the largest in-engine part measured."""
     from cpu_attention.standalone import standalone_native_gbs
+    from scout_sglang.cpu_worker.core_plan import worker_cpus
+    from scout_sglang.cpu_worker.factory import default_cores
 
     parts = [row for row in rows if (row.get("cpu_part") or {}).get("in_engine_gbs")]
     if not parts:
@@ -289,7 +291,9 @@ def cpu_part_against_standalone(setup, rows, layers: int) -> dict:
     standalone = standalone_native_gbs(threads=figures["worker_threads"], batch=biggest["batch"],
                                        num_kv_heads=setup.kv, group_size=setup.qo // setup.kv, head_dim=setup.dim,
                                        block_size=setup.block, blocks_per_head=blocks,
-                                       store_gib=0.05 if setup.dry else 2.0, rounds=1 if setup.dry else 3)
+                                       store_gib=0.05 if setup.dry else 2.0, rounds=1 if setup.dry else 3,
+                                       cpus=worker_cpus(default_cores(setup.device.type == "cpu"),
+                                                        figures["worker_threads"]))  # the workers' cores
     out = dict(at=f"{biggest['mode']}@{biggest['context']}x{biggest['batch']}", in_engine_gbs=figures["in_engine_gbs"],
                standalone=standalone)
     if standalone.get("gbs"):

@@ -309,3 +309,31 @@ def test_avx2_and_scalar_builds_match_reference(variant, flags):
         ref_o, ref_lse = sparse_decode(**case, scale=0.1)
         assert_close(out_o, ref_o, dtype)
         assert_close(out_lse, ref_lse, dtype, lse=True)
+
+
+def test_kernel_threads_run_on_the_cpus_they_are_given():
+    """The standalone measurement compared with the engine's workers runs on the workers' cores: its threads are
+    pinned one per given CPU, not left on the caller's (a GPU host's engine thread sits on its host core alone)."""
+    import os
+
+    class AffinityKernel:  # records where each call ran
+        def __init__(self):
+            self.seen = set()
+
+        def new_scratch(self):
+            return None
+
+        def decode(self, *args, **kwargs):
+            self.seen.add(tuple(sorted(os.sched_getaffinity(0))))
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a pinned thread and an unpinned one run on the same CPUs")
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    kernel = AffinityKernel()
+    runner = KernelThreads(kernel, 2, cpus=[cpu])
+    try:
+        runner.wait(runner.submit(torch.zeros(4, 2, 8), torch.zeros(1, 1, 1, 8), None, None, None, scale=1.0,
+                                  out_o=None, out_lse=None))
+    finally:
+        runner.shutdown()
+    assert kernel.seen == {(cpu,)}

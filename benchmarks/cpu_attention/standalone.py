@@ -14,8 +14,12 @@ import torch
 
 
 def standalone_native_gbs(*, threads: int, batch: int, num_kv_heads: int, group_size: int, head_dim: int,
-                          block_size: int, blocks_per_head: int, store_gib: float = 2.0, rounds: int = 3) -> dict:
-    """-> {"gbs": best GB/s, "threads", "shape"}; None figures when the native kernel does not build here."""
+                          block_size: int, blocks_per_head: int, store_gib: float = 2.0, rounds: int = 3,
+                          cpus: list[int] | None = None) -> dict:
+    """-> {"gbs": best GB/s, "threads", "shape"}; None figures when the native kernel does not build here.
+
+    cpus : the CPU of each thread (the engine's workers' CPUs, so that both run on the same cores); None: the
+        caller's CPUs"""
     from scout_sglang.cpu_worker.dispatch import make_kernel
     from scout_sglang.cpu_worker.native_kernel import load_native
     from scout_sglang.plan.measure import KernelThreads
@@ -36,7 +40,7 @@ def standalone_native_gbs(*, threads: int, batch: int, num_kv_heads: int, group_
               for _ in range(4)]
     counts = torch.full((batch, num_kv_heads), blocks_per_head, dtype=torch.int32)
     nbytes = 2 * batch * num_kv_heads * blocks_per_head * block_bytes
-    runner = KernelThreads(make_kernel("native"), threads)
+    runner = KernelThreads(make_kernel("native"), threads, cpus=cpus)
     best = 0.0
     try:
         for attempt in range(rounds + 1):  # the first pass warms up

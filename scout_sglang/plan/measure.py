@@ -12,6 +12,7 @@ is bench_cpu_attention.py).
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import threading
@@ -70,12 +71,22 @@ class KernelThreads:
     ----------
     kernel : cpu_worker NativeKernel or TorchKernel (cpu_worker.dispatch.make_kernel)
     threads : int, >= 1
+    cpus : the CPU each thread is pinned to, in the order the threads start (cpu_worker.core_plan.worker_cpus,
+        as the engine's workers); None: the threads inherit the caller's CPUs (on a GPU host that a core plan
+        moved to its host core, that is one core for every thread)
     """
 
-    def __init__(self, kernel, threads: int):
+    def __init__(self, kernel, threads: int, cpus: list[int] | None = None):
         self.kernel = kernel
         self._local = threading.local()
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="scout-cpu-kernel")
+        pins = itertools.cycle(list(cpus)) if cpus else None
+
+        def pin() -> None:  # each thread, as it starts, takes the next CPU (round-robin past the list's end)
+            if pins is not None:
+                os.sched_setaffinity(0, [next(pins)])
+
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="scout-cpu-kernel",
+                                            initializer=pin)
 
     def submit(self, q, k_cache, v_cache, block_table, counts, *, scale: float, out_o, out_lse) -> list[Future]:
         """Queue one task per sequence and return at once; wait() on the result.

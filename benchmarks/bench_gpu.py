@@ -16,6 +16,10 @@ the time budget leaves no room for say so:
                 kernel's ms, the CPU ratio and the CPU part's in-engine GB/s; the other modes at one shape; the flat
                 workload at one shape; the in-engine CPU part against the standalone native kernel at the pool's
                 thread count, on this host in this call
+  zero_copy     the decode kernel over the page-locked host store (zero-copy over PCIe) against a device store, and
+                the link's copy rate (bench_zero_copy.py)
+  estimate_cost the estimate's kernel time beyond the merge it replaces, against the budget's decode
+                (bench_estimate_cost.py)
   host          per layer, eager, attention only: CUDA kernel launches, host ms and host syncs
   capture       the whole step of every mode captured in one CUDA graph, replayed against an eager engine
   recall        bench_decode_step's recall study at 32k tokens, batch 32, 4 layers -> recall_<device>.*
@@ -150,6 +154,27 @@ def part_kernels(setup, args) -> dict:
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def script_part(script: str, setup, timeout: int = 150) -> dict:
+    """Run benchmarks/<script> (tiny shapes with --dry-run) -> the JSON of its last stdout line."""
+    command = [sys.executable, "-P", str(ROOT / "benchmarks" / script), *(["--dry-run"] if setup.dry else [])]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def part_zero_copy(setup, args) -> dict:
+    """The decode kernel's zero-copy reads of the page-locked host store against a device store, and the link's
+    copy rate (bench_zero_copy.py -> zero_copy_<device>.*): the device's own off-device rate."""
+    return script_part("bench_zero_copy.py", setup)
+
+
+def part_estimate_cost(setup, args) -> dict:
+    """The estimate's kernel time beyond the merge it replaces, against the budget's sparse decode
+    (bench_estimate_cost.py -> estimate_cost_<device>.*)."""
+    return script_part("bench_estimate_cost.py", setup)
 
 
 def part_host(setup, args) -> dict:
@@ -323,10 +348,11 @@ def part_recall(setup, args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])["recall"]
 
 
-PARTS = dict(headline=part_headline, equal_batch=part_equal_batch, host=part_host, capture=part_capture,
-             recall=part_recall, tests=part_tests, kernels=part_kernels)
+PARTS = dict(headline=part_headline, equal_batch=part_equal_batch, zero_copy=part_zero_copy,
+             estimate_cost=part_estimate_cost, host=part_host, capture=part_capture, recall=part_recall,
+             tests=part_tests, kernels=part_kernels)
 # The least time each part needs to be worth starting (seconds of the call left).
-MIN_SECONDS = dict(headline=60, equal_batch=60, host=30, capture=30, recall=120, tests=60, kernels=40)
+MIN_SECONDS = dict(headline=60, equal_batch=60, zero_copy=40, estimate_cost=30, host=30, capture=30, recall=120, tests=60, kernels=40)
 
 
 def write_report(result: dict) -> Path:

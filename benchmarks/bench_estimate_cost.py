@@ -1,14 +1,15 @@
 """What the estimate of the unattended blocks costs the device in a decode step, against what scout's attention
 costs there, measured in one call on one device.
 
-The estimate (kernels/estimate.py, issue 47) takes the place of the CPU part's merge: one Triton launch that reads,
+The estimate (kernels/estimate.py, issue 47) takes the place of the CPU part's merge: a Triton launch that reads,
 per (request, KV head), the digest and the value summary of every full block and merges the estimate with the
-device and CPU parts. Its cost on a step is what it takes beyond the merge it replaces. Timed with CUDA events,
+device and CPU parts, preceded, for tables of more than SPLIT_BLOCKS blocks, by one launch that walks them in
+slices (`splits` in the results). Its cost on a step is what it takes beyond the merge it replaces. Timed with CUDA events,
 kernel by kernel, on Qwen3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, 32-token blocks, bf16),
 budget 2048 tokens (64 blocks per list):
 
   merge_ms       the CPU part's merge alone (kernels/cpu_part.py), what a step launches without the estimate
-  estimate_ms    the estimate and the merge in one launch (kernels/triton/estimate.py)
+  estimate_ms    the estimate and the merge (kernels/triton/estimate.py)
   decode_ms      the sparse decode of the budget's 64 blocks per list from a device store (the attention the
                  estimate is added to; scout splits these between the device and the CPU part)
   extra_over_decode   (estimate_ms - merge_ms) / decode_ms
@@ -44,6 +45,7 @@ def one_shape(batch: int, context: int, *, dry: bool, device: torch.device) -> d
     from scout_sglang.kernels.cpu_part import merge_cpu_part
     from scout_sglang.kernels.estimate import CpuPartResult, UnattendedBlocks, merge_with_estimate
     from scout_sglang.kernels.triton.decode import sparse_decode_triton
+    from scout_sglang.kernels.triton.estimate import estimate_splits, workspace_words
 
     qo, kv, dim, block, topk = (4, 2, 16, 8, 4) if dry else (NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK,
                                                               BUDGET_BLOCKS)
@@ -64,6 +66,8 @@ def one_shape(batch: int, context: int, *, dry: bool, device: torch.device) -> d
             torch.int32),
         counts=torch.full((batch, kv), topk, dtype=torch.int32, device=device), resident=None, slots=None,
         block_size=block, scale=dim**-0.5)
+    words = workspace_words(batch, qo, dim, blocks_per_row)  # a static buffer, as the engine's
+    unattended.workspace = torch.empty(words, device=device) if words else None
     q, o = rand(batch, qo, dim), rand(batch, qo, dim)
     lse = rand(batch, qo, dt=torch.float32)
     cpu = CpuPartResult(rand(batch, qo, dim, dt=torch.float32), rand(batch, qo, dt=torch.float32),
@@ -83,7 +87,7 @@ def one_shape(batch: int, context: int, *, dry: bool, device: torch.device) -> d
                          device)
     item = torch.empty((), dtype=dtype).element_size()
     summary_bytes = batch * kv * blocks_per_row * (2 + VALUE_ROWS) * dim * item
-    return dict(batch=batch, context=context, merge_ms=round(merge_ms, 4), estimate_ms=round(estimate_ms, 4),
+    return dict(batch=batch, context=context, splits=estimate_splits(blocks_per_row), merge_ms=round(merge_ms, 4), estimate_ms=round(estimate_ms, 4),
                 decode_ms=round(decode_ms, 4),
                 extra_over_decode=round((estimate_ms - merge_ms) / decode_ms, 3),
                 estimate_gbs=round(summary_bytes / (estimate_ms * 1e-3) / 1e9, 1),

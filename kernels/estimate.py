@@ -51,6 +51,8 @@ class UnattendedBlocks:
         resident buffer; PAD: empty), and [B] int32/int64 each row's slot; both None where the device attends
         only selected blocks
     block_size, scale : tokens per block, softmax scale
+    workspace : flat fp32 buffer of the Triton path's split partials (triton/estimate.workspace_words: the engine
+        sizes one static buffer), or None (allocated per call where the walk splits)
     """
 
     digest_min: torch.Tensor
@@ -64,6 +66,7 @@ class UnattendedBlocks:
     slots: torch.Tensor | None
     block_size: int
     scale: float
+    workspace: torch.Tensor | None = None
 
 
 @dataclass

@@ -17,7 +17,7 @@ pytestmark = [requires_triton, pytest.mark.slow]
 INDEX_POINTERS = ("page_ids_ptr", "rows_ptr", "pages_ptr", "offsets_ptr", "digest_rows_ptr", "host_rows_ptr",
                   "table_ptr", "num_full_ptr", "selected_ptr", "counts_ptr", "resident_ptr", "slots_ptr",
                   "status_ptr")
-FP32_POINTERS = ("lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr")
+FP32_POINTERS = ("part_ptr", "lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr")
 FP32_SCALARS = ("scale", "scale_log2", "log_block_size")
 
 
@@ -42,7 +42,7 @@ def compile_for_hopper(kernel, constexprs: dict) -> str:
 def compile_all() -> dict:
     """Each kernel and configuration -> its PTX (run in the child)."""
     from scout_sglang.kernels.triton.digest import _block_digest_kernel
-    from scout_sglang.kernels.triton.estimate import _config, _estimate_merge_kernel
+    from scout_sglang.kernels.triton.estimate import _config, _estimate_merge_kernel, _estimate_partials_kernel
     from scout_sglang.kernels.triton.stage_append import _append_token_kernel
 
     ptx = {}
@@ -52,7 +52,12 @@ def compile_all() -> dict:
         ptx[f"append/{summary}"] = compile_for_hopper(
             _append_token_kernel, dict(BLOCK_SIZE=16, SIZE_P2=16, HEAD_DIM=128, DIM_P2=128, DIGEST=True,
                                        VALUE_SUMMARY=summary, HOST=True))
-    ptx["estimate"] = compile_for_hopper(_estimate_merge_kernel, _config(4, 128, 32, 4, True, True))
+    config = _config(4, 128, 32, 4)
+    for splits in (1, 16):  # the walk in the merge's program; the merge of 16 slices' partials
+        ptx[f"estimate/{splits}"] = compile_for_hopper(_estimate_merge_kernel, dict(
+            config, NUM_QO_HEADS=32, SPLITS=splits, CPU_PART=True, WRITE_LSE=True))
+    ptx["estimate/partials"] = compile_for_hopper(_estimate_partials_kernel, dict(
+        config, NUM_QO_HEADS=32, SPLITS=16, SLICE=128))
     return ptx
 
 
@@ -73,8 +78,13 @@ def test_the_digest_and_append_kernels_compile_with_and_without_the_value_summar
         assert ("sqrt" in ptx[name]) == name.endswith("True"), name
 
 
-def test_the_estimate_kernel_compiles_with_the_slope(ptx):
-    assert ".target sm_90" in ptx["estimate"] and "st.global" in ptx["estimate"]
+def test_the_estimate_kernels_compile_walked_whole_and_in_slices(ptx):
+    for name in ("estimate/1", "estimate/16", "estimate/partials"):
+        assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
+    # Only a program that walks blocks reads value summaries (the line table names the helper's file): the merge
+    # of slices reads partials alone.
+    walks = {name: "value_summary.py" in ptx[name] for name in ("estimate/1", "estimate/16", "estimate/partials")}
+    assert walks == {"estimate/1": True, "estimate/16": False, "estimate/partials": True}
 
 
 if __name__ == "__main__":

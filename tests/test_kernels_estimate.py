@@ -225,3 +225,43 @@ def test_mismatched_arguments_are_refused_by_name():
     blocks.value_summary = blocks.value_summary[..., :8].contiguous()
     with pytest.raises(ValueError, match="value_summary must have shape"):
         merge_with_estimate(q, o, lse, torch.empty_like(o), blocks=blocks)
+
+
+@requires_triton
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("slice_blocks, given", [(8, True), (5, False)])
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_long_table_is_walked_in_slices_whose_partials_merge_to_the_reference(monkeypatch, slice_blocks, given,
+                                                                                resident):
+    """A table of more than SPLIT_BLOCKS blocks: one program per (row, KV head, slice) writes its partials to the
+    workspace (given, or allocated), the merge combines them; slices past a row's full blocks, a row with none
+    and a slice boundary inside a tile all give the reference's estimate, merged with the device and CPU parts."""
+    from scout_sglang.kernels.triton import estimate as triton_estimate
+
+    monkeypatch.setattr(triton_estimate, "SPLIT_BLOCKS", slice_blocks)
+    q, blocks, _ = layer(4, resident=resident, seed=3)
+    width = blocks.block_table.shape[1]
+    assert triton_estimate.estimate_splits(width) > 2
+    gen = torch.Generator().manual_seed(5)
+    o, cpu_o, fb_o = (torch.randn(q.shape, generator=gen) for _ in range(3))
+    lse, cpu_lse, fb_lse = (3 * torch.randn(q.shape[:2], generator=gen) for _ in range(3))
+    cpu = CpuPartResult(cpu_o, cpu_lse, fb_o, fb_lse, torch.tensor([STATUS_OK], dtype=torch.int32))
+    if given:
+        words = triton_estimate.workspace_words(q.shape[0], q.shape[1], DIM, width)
+        blocks.workspace = torch.full((words,), float("nan"))  # every word read is written first
+    out, out_lse = run("triton", q, o, lse, blocks, cpu)
+    merged = reference.merge_states(*reference.merge_states(o, lse, cpu_o, cpu_lse), *reference_estimate(q, blocks))
+    assert_close(out, merged[0], torch.float32)
+    assert_close(out_lse, merged[1], torch.float32, lse=True)
+
+
+@requires_triton
+@pytest.mark.triton_interpret
+def test_a_workspace_too_small_for_the_slices_is_refused(monkeypatch):
+    from scout_sglang.kernels.triton import estimate as triton_estimate
+
+    monkeypatch.setattr(triton_estimate, "SPLIT_BLOCKS", 8)
+    q, blocks, _ = layer(4, seed=3)
+    blocks.workspace = torch.zeros(10)
+    with pytest.raises(ValueError, match="workspace holds 10"):
+        run("triton", q, torch.zeros_like(q), torch.full(q.shape[:2], float("-inf")), blocks)

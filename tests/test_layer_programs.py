@@ -101,7 +101,19 @@ def test_with_the_estimate_too(mode, one_torch_thread):
     check_launches(mode, ((4, 2), (64, 8)), estimate=True)
 
 
-def check_launches(mode, shapes, estimate=False):
+@requires_triton
+@pytest.mark.triton_interpret
+def test_with_the_estimate_walked_in_slices(monkeypatch, one_torch_thread):
+    """Tables longer than SPLIT_BLOCKS: the estimate's partials take one launch more, into the engine's static
+    workspace (nothing allocated), and every layer stays within the budget."""
+    from scout_sglang.kernels.triton import estimate as triton_estimate
+
+    monkeypatch.setattr(triton_estimate, "SPLIT_BLOCKS", 4)
+    check_launches("scout", ((4, 2),), estimate=True, expect="_estimate_partials_kernel")
+
+
+def check_launches(mode, shapes, estimate=False, expect=None):
+    """expect: a Triton kernel every offloaded layer launches"""
     python = {}
     for batch, num_kv_heads in shapes:
         # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
@@ -137,6 +149,7 @@ def check_launches(mode, shapes, estimate=False):
                     allocating = {op: n for op, n in counter.ops.items() if op.split(".")[1] in ALLOCATING}
                     assert not allocating, where
                     assert sum(counter.triton.values()) >= 2, where  # it did run the Triton path
+                    assert expect is None or dense or counter.triton.get(expect), where
             if run:
                 assert completed, "no step completed a block"
                 if mode == "scout" and batch == 4:

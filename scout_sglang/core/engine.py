@@ -162,6 +162,7 @@ class CoAttentionEngine:
                                    cpu_capacity=config.cpu_capacity, device_width=self.offloaded.resident_blocks + window,
                                    dtype=dtype, device=self.device)
         self.buffers.workspace = self._decode_workspace(window)
+        self.buffers.estimate_workspace = self._estimate_workspace()
         self._own_worker = cpu_worker is None and config.mode in CPU_MODES and bool(self.offloaded_layers)
         self.cores = None  # the core plan applied, when this engine made its worker
         self.cpu_worker = self._make_worker(cpu_faults, cores) if self._own_worker else (cpu_worker or None)
@@ -211,6 +212,16 @@ class CoAttentionEngine:
         words = workspace_size(self.max_requests, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
                                self.block_size, sorted(capacities))
         return torch.empty(max(words, 1), dtype=torch.float32, device=self.device)
+
+    def _estimate_workspace(self) -> torch.Tensor | None:
+        """The Triton estimate's split partials over tables of max_blocks, one static buffer for every layer (None
+        without the estimate, where torch estimates, or where the walk does not split)."""
+        if not self.estimates or not (self.stage_impl == "triton" or self.device.type == "cuda"):
+            return None
+        from scout_sglang.kernels.triton.estimate import workspace_words
+
+        words = workspace_words(self.max_requests, self.shape.num_qo_heads, self.shape.head_dim, self.max_blocks)
+        return torch.empty(words, dtype=torch.float32, device=self.device) if words else None
 
     def _max_plan_width(self, window: int) -> int:
         """Columns of the widest step plan (step_plan.plan_fields): its buffer is allocated once."""

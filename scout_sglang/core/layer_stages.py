@@ -173,7 +173,8 @@ class LayerStages:
         return UnattendedBlocks(store.digest_min[layer], store.digest_max[layer], store.value_summary[layer], table,
                                 plan.num_full, chosen.selected[:rows], chosen.counts[:rows],
                                 store.resident_map[layer] if resident else None, plan.slots if resident else None,
-                                block_size=self.config.block_size, scale=self.scale)
+                                block_size=self.config.block_size, scale=self.scale,
+                                workspace=self.buffers.estimate_workspace)
 
     def recall(self, layer: int) -> None:
         """Scout's recall after the layer's attention: CPU-list blocks into the resident buffer, when due."""

@@ -57,6 +57,7 @@ class StepBuffers:
         self.lse = zeros(num_qo_heads, dtype=torch.float32)  # [Bmax, Hq] natural log
         self.counters = torch.zeros(num_layers, NUM_COUNTERS, dtype=torch.int32, device=device)
         self.workspace: torch.Tensor | None = None  # the Triton decode's split partials (the engine sizes it)
+        self.estimate_workspace: torch.Tensor | None = None  # the Triton estimate's split partials (likewise)
 
     def of(self, layer: int) -> SelectionSet:
         return self.sets[layer % 2]

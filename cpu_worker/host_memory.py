@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scout_sglang.cpu_worker.cpu_sets import process_cpus
+
 logger = logging.getLogger("scout_sglang.cpu_worker")
 
 HUGE_PAGE_BYTES = 2 << 20
@@ -280,12 +282,14 @@ def _populate(raw: np.ndarray, start: int, length: int) -> None:
                                  f"{os.strerror(error)}")
 
     chunks = range(start, start + length, POPULATE_CHUNK_BYTES)
-    workers = min(len(chunks), POPULATE_THREADS, len(os.sched_getaffinity(0)))
+    cpus = process_cpus()  # not the caller's: a core plan may have put it on its host core alone
+    workers = min(len(chunks), POPULATE_THREADS, len(cpus))
     if workers <= 1:
         for chunk_start in chunks:
             one(chunk_start)
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="scout-populate") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="scout-populate",
+                            initializer=lambda: os.sched_setaffinity(0, cpus)) as pool:
         list(pool.map(one, chunks))
 
 

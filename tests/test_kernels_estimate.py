@@ -265,3 +265,15 @@ def test_a_workspace_too_small_for_the_slices_is_refused(monkeypatch):
     blocks.workspace = torch.zeros(10)
     with pytest.raises(ValueError, match="workspace holds 10"):
         run("triton", q, torch.zeros_like(q), torch.full(q.shape[:2], float("-inf")), blocks)
+
+
+def test_the_slices_cover_a_table_once_in_whole_tiles():
+    """slice_plan: the slices cover every block of the table, none is empty, at most MAX_SPLITS, and a slice longer
+    than a tile is whole tiles (the engine's tables are max_blocks wide, e.g. 2049 blocks at 64k)."""
+    from scout_sglang.kernels.triton.estimate import _BLOCK_N, MAX_SPLITS, SPLIT_BLOCKS, slice_plan
+
+    assert slice_plan(SPLIT_BLOCKS) == (1, SPLIT_BLOCKS)
+    for width in (SPLIT_BLOCKS + 1, 1025, 2049, 4097, 10**5):
+        splits, size = slice_plan(width)
+        assert 1 < splits <= MAX_SPLITS and (splits - 1) * size < width <= splits * size, width
+        assert size % _BLOCK_N == 0, width

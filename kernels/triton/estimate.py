@@ -45,9 +45,19 @@ SPLIT_BLOCKS = 64  # blocks per slice of a split walk; a table of at most this m
 MAX_SPLITS = 32
 
 
+def slice_plan(block_capacity: int) -> tuple[int, int]:
+    """(slices, blocks per slice) of the estimate's walk over a table of `block_capacity` blocks (one slice: walked
+    inside the merge). A slice longer than a tile is a whole number of tiles, so that none starts mid-tile."""
+    splits = max(1, min(MAX_SPLITS, -(-block_capacity // SPLIT_BLOCKS)))
+    size = -(-block_capacity // splits)
+    if splits > 1 and size > _BLOCK_N:
+        size = -(-size // _BLOCK_N) * _BLOCK_N
+    return -(-block_capacity // size), size
+
+
 def estimate_splits(block_capacity: int) -> int:
     """Slices of the estimate's walk over a table of `block_capacity` blocks (1: walked inside the merge)."""
-    return max(1, min(MAX_SPLITS, -(-block_capacity // SPLIT_BLOCKS)))
+    return slice_plan(block_capacity)[0]
 
 
 def workspace_words(rows: int, num_qo_heads: int, head_dim: int, block_capacity: int) -> int:
@@ -264,7 +274,7 @@ def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
     resident = blocks.resident if blocks.resident is not None and blocks.resident.shape[2] > 0 else None
     config = _config(num_qo_heads // num_kv_heads, head_dim, blocks.selected.shape[2],
                      0 if resident is None else resident.shape[2])
-    splits = estimate_splits(blocks.block_table.shape[1])
+    splits, size = slice_plan(blocks.block_table.shape[1])
     unused = blocks.counts  # pointer arguments that a disabled branch never reads
     (resident, s_res), (slots, s_slots) = (or_unused(resident, unused, 2),
                                            or_unused(None if resident is None else blocks.slots, unused, 1))
@@ -285,7 +295,7 @@ def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
                              f"{rows} rows needs {words} fp32")
         _estimate_partials_kernel[(rows, num_kv_heads, splits)](
             *summaries, part, *strides, *scales, lse_offset, NUM_QO_HEADS=num_qo_heads, SPLITS=splits,
-            SLICE=-(-blocks.block_table.shape[1] // splits), **config)
+            SLICE=size, **config)
     else:
         part = unused
     parts = (None,) * 4 if cpu is None else (cpu.cpu_o, cpu.cpu_lse, cpu.fb_o, cpu.fb_lse)

@@ -216,7 +216,8 @@ class CoAttentionEngine:
     def _estimate_workspace(self) -> torch.Tensor | None:
         """The Triton estimate's split partials over tables of max_blocks, one static buffer for every layer (None
         without the estimate, where torch estimates, or where the walk does not split)."""
-        if not self.estimates or not (self.stage_impl == "triton" or self.device.type == "cuda"):
+        triton = self.stage_impl == "triton" or (self.stage_impl is None and self.device.type == "cuda")
+        if not self.estimates or not triton:
             return None
         from scout_sglang.kernels.triton.estimate import workspace_words
 

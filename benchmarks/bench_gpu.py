@@ -383,8 +383,10 @@ def write_report(result: dict) -> Path:
 
 def headline_text(headline: dict) -> list[str]:
     rows = []
-    for mode in ("full", "scout"):
+    for mode in ("full", "scout", "scout_split"):
         entry = headline.get(mode, {})
+        if mode == "scout_split" and entry:
+            mode = f"scout, CPU split auto (zero-copy share {(entry.get('split') or {}).get('zero_copy_share', '-')})"
         rows.append(f"| {mode} | {entry.get('batch', '-')} | {entry.get('limit', '-')} | {entry.get('step_ms', '-')} "
                     f"| {entry.get('tokens_per_s', '-')} | {entry.get('cpu_ratio', '-')} "
                     f"| {(entry.get('gpu_busy') or {}).get('wait_kernel_ms', '-')} "
@@ -393,7 +395,8 @@ def headline_text(headline: dict) -> list[str]:
             f"{headline['model']}, {headline['layers']} layers (layer 0 dense), {headline['context']} tokens per "
             f"request; device K/V budget {headline['device_kv_budget_gib']} GiB for both, host K/V budget "
             f"{headline['host_kv_budget_gib']} GiB for scout; graph-replayed steps. **scout / full: "
-            f"{headline.get('scout_over_full', 'not measured')}** (target: at least 3).", "",
+            f"{headline.get('scout_over_full', 'not measured')}** (target: at least 3); with the CPU split: "
+            f"**{headline.get('scout_split_over_full', 'not measured')}**.", "",
             "| mode | batch | what limits it | step ms | tokens/s | CPU ratio | wait kernel ms | note |",
             "|---|---:|---|---:|---:|---:|---:|---|", *rows, ""]
 
@@ -440,9 +443,20 @@ def main(argv=None) -> int:
             log(f"wrote {write_report(result)}.{{json,md}}")
     result["total_s"] = time.perf_counter() - started
     print(json.dumps(dict(device=device_name, total_s=round(result["total_s"], 1),
-                          parts={k: ("error" not in v) if isinstance(v, dict) else True
-                                 for k, v in result["parts"].items()})))
+                          parts={k: first_error(v) is None for k, v in result["parts"].items()},
+                          errors={k: first_error(v) for k, v in result["parts"].items() if first_error(v)})))
     return 0
+
+
+def first_error(value) -> str | None:
+    """The first error a part's result holds anywhere (the part's own, or one of its rows'), or None."""
+    if isinstance(value, dict):
+        if value.get("error"):
+            return str(value["error"])[:300]
+        value = list(value.values())
+    if isinstance(value, list):
+        return next((error for error in map(first_error, value) if error), None)
+    return None
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class CpuPartResult:
     the status that picks one (0: the worker's).
 
     cpu_o, fb_o : [B, Hq, D] fp32; cpu_lse, fb_lse : [B, Hq] fp32 natural log; status : [1] int32
+    zc_o, zc_lse : the CPU split's zero-copy share, attended by the device ([B, Hq, D], [B, Hq] fp32), or None
     """
 
     cpu_o: torch.Tensor
@@ -82,6 +83,8 @@ class CpuPartResult:
     fb_o: torch.Tensor
     fb_lse: torch.Tensor
     status: torch.Tensor
+    zc_o: torch.Tensor | None = None
+    zc_lse: torch.Tensor | None = None
 
 
 def merge_with_estimate(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *,
@@ -112,6 +115,8 @@ def merge_with_estimate(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, out
         other_o = torch.where(worker, cpu.cpu_o.to(o.device), cpu.fb_o)
         other_lse = torch.where(worker, cpu.cpu_lse.to(o.device), cpu.fb_lse)
         merged_o, merged_lse = merge_states_torch(o, lse, other_o, other_lse)
+        if cpu.zc_o is not None:
+            merged_o, merged_lse = merge_states_torch(merged_o, merged_lse, cpu.zc_o, cpu.zc_lse)
     est_o, est_lse = estimate_torch(q, blocks)
     merged_o, merged_lse = merge_states_torch(merged_o, merged_lse, est_o, est_lse)
     out.copy_(merged_o)
@@ -220,5 +225,11 @@ def _check(q, o, lse, out, blocks, cpu, out_lse):
                                ("cpu_lse", cpu.cpu_lse, lse.shape), ("fb_lse", cpu.fb_lse, lse.shape)):
             check_tensor(name, t, dtypes=(torch.float32,), contiguous=rows)
             check_shape(name, t, shape)
+        if (cpu.zc_o is None) != (cpu.zc_lse is None):
+            raise ValueError("zc_o and zc_lse go together: pass both or neither")
+        if cpu.zc_o is not None:
+            for name, t, shape in (("zc_o", cpu.zc_o, o.shape), ("zc_lse", cpu.zc_lse, lse.shape)):
+                check_tensor(name, t, dtypes=(torch.float32,), device=device, contiguous=rows)
+                check_shape(name, t, shape)
         check_tensor("status", cpu.status, dtypes=(torch.int32,), device=device)
         check_shape("status", cpu.status, (1,))

@@ -10,6 +10,9 @@ staging, on the CPU a fixed sequence of torch ops.
                  then the window's pages ascending; [B, Hkv, R + W] with counts, PAD past them
     CPU list:    selected blocks, best first, that neither the window's full blocks (forced_blocks) nor
                  the resident buffer hold, capped at `capacity`; logical blocks and host pages [B, Hkv, C]
+    split:       with a CPU cap (the plan's, per row), the CPU list's first `cap` entries stay the workers'
+                 host pages; the rest go, in order, to the zero-copy list [B, Hkv, C] that the device reads
+                 from the host store itself; every listed block is in exactly one of the two
 
 The CPU list is what reference.split_selection returns for the selection and
 the blocks the device holds; the tests compare both paths with it.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import torch
 from scout_sglang.kernels.checks import check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
-from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS
+from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -32,6 +35,8 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
                 host_table: torch.Tensor | None = None, capacity: int = 0, out_cpu_blocks: torch.Tensor | None = None,
                 out_cpu_pages: torch.Tensor | None = None, out_cpu_counts: torch.Tensor | None = None,
                 q: torch.Tensor | None = None, out_q: torch.Tensor | None = None,
+                cpu_cap: torch.Tensor | None = None, out_zero_copy_pages: torch.Tensor | None = None,
+                out_zero_copy_counts: torch.Tensor | None = None, out_listed_counts: torch.Tensor | None = None,
                 counters: torch.Tensor | None = None, impl: str | None = None, validate: bool = True) -> None:
     """Write a layer's device list, and (CPU modes) its CPU list and staged query.
 
@@ -47,13 +52,18 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
     host_table, capacity, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q : the CPU part (all or
         none): [B, NB] int32 host page of each block, C, [B, Hkv, C] int32 (x2), [B, Hkv] int32, the query
         [B, Hq, D] and its staging [B, Hq, D] (any float dtype)
-    counters : optional [NUM_COUNTERS] int32 row; CPU and DROPPED are added
+    cpu_cap, out_zero_copy_pages, out_zero_copy_counts, out_listed_counts : the split (all or none, with the CPU
+        part): [B] int32 CPU-list entries per (row, KV head) the workers take (the plan's column of the layer),
+        [B, Hkv, C] int32 host pages the device reads itself, PAD past their [B, Hkv] int32 counts, and [B, Hkv]
+        int32 entries of the whole list (out_cpu_blocks holds them all; out_cpu_counts the workers' share)
+    counters : optional [NUM_COUNTERS] int32 row; CPU, ZERO_COPY and DROPPED are added
     validate : check the arguments (the decode step checks its static buffers once and passes False)
     """
     if validate:
         _check(selected, counts, forced_blocks, window_pages, out_device_pages, out_device_counts, resident, slots,
                resident_pages, host_table, capacity, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q,
                counters)
+        _check_split(cpu_cap, out_zero_copy_pages, out_zero_copy_counts, out_listed_counts, out_cpu_pages)
     if select_impl("split_lists", selected.device.type, impl) == "triton":
         from scout_sglang.kernels.triton.stage_split import split_lists_triton
 
@@ -62,6 +72,8 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
                            only_selected_resident=only_selected_resident, out_device_pages=out_device_pages,
                            out_device_counts=out_device_counts, capacity=capacity, out_cpu_blocks=out_cpu_blocks,
                            out_cpu_pages=out_cpu_pages, out_cpu_counts=out_cpu_counts, q=q, out_q=out_q,
+                           cpu_cap=cpu_cap, out_zero_copy_pages=out_zero_copy_pages,
+                           out_zero_copy_counts=out_zero_copy_counts, out_listed_counts=out_listed_counts,
                            counters=counters)
         return
     batch_size, num_kv_heads, topk = selected.shape
@@ -85,15 +97,28 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
     if resident is not None:
         held = torch.cat([held, rows], dim=2)
     keep = valid & ~contains(selected, held)
-    blocks, cpu_counts, wanted = compact_rows(selected, keep, capacity)
+    blocks, listed, wanted = compact_rows(selected, keep, capacity)
     host = host_table.gather(1, blocks.clamp(min=0).view(batch_size, -1).long()).view_as(blocks)
+    pages = torch.where(blocks != PAD_BLOCK, host, PAD_BLOCK)
     out_cpu_blocks.copy_(blocks)
-    out_cpu_pages.copy_(torch.where(blocks != PAD_BLOCK, host, PAD_BLOCK))
+    cpu_counts, zero_copy = listed, None
+    if cpu_cap is not None:
+        cpu_counts = torch.minimum(listed, cpu_cap.clamp(min=0).view(-1, 1).to(torch.int32))
+        zero_copy = listed - cpu_counts
+        column = torch.arange(capacity, device=blocks.device)
+        rest = pages.gather(2, (column + cpu_counts.unsqueeze(-1)).clamp(max=max(capacity - 1, 0)).long())
+        out_zero_copy_pages.copy_(torch.where(column < zero_copy.unsqueeze(-1), rest, PAD_BLOCK))
+        out_zero_copy_counts.copy_(zero_copy)
+        out_listed_counts.copy_(listed)
+        pages = torch.where(column < cpu_counts.unsqueeze(-1), pages, PAD_BLOCK)
+    out_cpu_pages.copy_(pages)
     out_cpu_counts.copy_(cpu_counts)
     out_q.copy_(q)
     if counters is not None:
         counters[CPU] += cpu_counts.sum(dtype=torch.int32)
-        counters[DROPPED] += (wanted - cpu_counts).sum(dtype=torch.int32)
+        counters[DROPPED] += (wanted - listed).sum(dtype=torch.int32)
+        if zero_copy is not None:
+            counters[ZERO_COPY] += zero_copy.sum(dtype=torch.int32)
 
 
 def contains(values: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
@@ -111,6 +136,24 @@ def compact_rows(values: torch.Tensor, keep: torch.Tensor, width: int) -> tuple[
     staged.scatter_(-1, position.long(), values.to(torch.int32))
     kept = keep.sum(dim=-1, dtype=torch.int32)
     return staged[..., :width], kept.clamp(max=width), kept
+
+
+def _check_split(cpu_cap, out_zero_copy_pages, out_zero_copy_counts, out_listed_counts, out_cpu_pages):
+    split = (cpu_cap, out_zero_copy_pages, out_zero_copy_counts, out_listed_counts)
+    if all(t is None for t in split):
+        return
+    if any(t is None for t in split) or out_cpu_pages is None:
+        raise ValueError("the CPU split needs the CPU part and cpu_cap, out_zero_copy_pages, out_zero_copy_counts "
+                         "and out_listed_counts")
+    batch_size, num_kv_heads, capacity = out_cpu_pages.shape
+    index = (torch.int32,)
+    check_tensor("cpu_cap", cpu_cap, ndim=1, dtypes=index, contiguous=False)
+    check_shape("cpu_cap", cpu_cap, (batch_size,))
+    check_tensor("out_zero_copy_pages", out_zero_copy_pages, dtypes=index, device=cpu_cap.device, contiguous="rows")
+    check_shape("out_zero_copy_pages", out_zero_copy_pages, (batch_size, num_kv_heads, capacity))
+    for name, t in (("out_zero_copy_counts", out_zero_copy_counts), ("out_listed_counts", out_listed_counts)):
+        check_tensor(name, t, dtypes=index, device=cpu_cap.device, contiguous="rows")
+        check_shape(name, t, (batch_size, num_kv_heads))
 
 
 def _check(selected, counts, forced_blocks, window_pages, out_device_pages, out_device_counts, resident, slots,

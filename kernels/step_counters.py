@@ -6,7 +6,7 @@ the CPU); the engine reads the whole [layers, NUM_COUNTERS] tensor once, in
 end_step, and zeroes it.
 """
 
-SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED, WITHHELD, BACKED_OFF = range(8)
-NUM_COUNTERS = 8
+SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED, WITHHELD, BACKED_OFF, ZERO_COPY = range(9)
+NUM_COUNTERS = 9
 COUNTER_NAMES = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks",
-                 "compared_blocks", "withheld_blocks", "backed_off_rows")
+                 "compared_blocks", "withheld_blocks", "backed_off_rows", "zero_copy_blocks")

@@ -60,6 +60,11 @@ class ScoutConfig:
     # first order in the query, merged by LSE (docs/algorithm.md). Costs three vectors per block and KV head on the
     # device (the value summary: mean, slope, axis).
     estimate: bool = False
+    # The CPU split of each layer's CPU list (scout, hgca): "off" gives it all to the CPU workers; "auto" gives them
+    # what their measured rate finishes inside the layer's measured window and the rest to the device, which reads
+    # those blocks from the page-locked host store itself (zero-copy, over PCIe); a number in [0, 1] gives the
+    # workers that share of the list's capacity, the rest to the device (tests, benchmarks).
+    cpu_split: str = "off"
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
     kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device
@@ -92,6 +97,13 @@ class ScoutConfig:
         if self.max_recall_blocks is not None:
             return min(self.max_recall_blocks, self.resident_capacity)
         return self.resident_capacity
+
+    @property
+    def cpu_split_share(self) -> float | None:
+        """cpu_split as a fixed share of the CPU list's capacity, or None ("off", "auto")."""
+        if self.cpu_split in ("off", "auto"):
+            return None
+        return float(self.cpu_split)
 
     def interval_for_layer(self, layer: int) -> int:
         """Recall interval of a layer: the profiled one if present, else the default."""
@@ -137,6 +149,13 @@ class ScoutConfig:
             out.append(f"recall_min_selected must be in [1, {MAX_SELECTION_RUN}], got {self.recall_min_selected}")
         if not 0 <= self.recall_max_backoff <= MAX_BACKOFF:
             out.append(f"recall_max_backoff must be in [0, {MAX_BACKOFF}], got {self.recall_max_backoff}")
+        if self.cpu_split not in ("off", "auto"):
+            try:
+                share = float(self.cpu_split)
+            except ValueError:
+                share = None
+            if share is None or not 0.0 <= share <= 1.0:
+                out.append(f"cpu_split must be 'off', 'auto' or a share in [0, 1], got {self.cpu_split!r}")
         if self.recall_bytes_per_step is not None and self.recall_bytes_per_step < 0:
             out.append(f"recall_bytes_per_step must be >= 0 or None, got {self.recall_bytes_per_step}")
         if not self.recall_link_gbps > 0:

@@ -89,3 +89,19 @@ def test_with_the_estimate_every_output_matches_the_oracle(mode):
 def test_the_same_layer_path_without_layer_ahead_prediction():
     report = run_checked("scout", "llama", layer_ahead=False)
     assert report.predicted_layers == 0 and report.cpu_blocks > 0 and report.recalled_blocks > 0
+
+
+@pytest.mark.parametrize("mode, split", [("scout", "0.0"), ("scout", "0.34"), ("hgca", "0.2"), ("scout", "1.0")])
+def test_with_the_cpu_split_every_decision_and_output_matches_the_oracle(mode, split):
+    """The CPU list split at fixed caps (none to the workers, a third, a fifth, all): each share as the oracle cuts the
+    list, no block in both, their union the list, and every output the merge of the three parts."""
+    report = run_checked(mode, "llama", cpu_split=split)
+    assert report.outputs_checked == report.decisions * len(LENGTHS)
+    assert (report.zero_copy_blocks > 0) == (split != "1.0") and (report.cpu_blocks > 0) == (split != "0.0")
+    if mode == "scout":
+        assert report.recalled_blocks > 0
+
+
+def test_with_the_cpu_split_and_the_estimate_every_output_matches_the_oracle():
+    report = run_checked("scout", "llama", cpu_split="0.34", estimate=True)
+    assert report.zero_copy_blocks > 0 and report.cpu_blocks > 0 and report.recalled_blocks > 0

@@ -18,7 +18,7 @@ from scout_sglang.core.shape import ModelShape
 pytestmark = [requires_triton, pytest.mark.triton_interpret, pytest.mark.usefixtures("one_torch_thread")]
 SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
 COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks", "withheld_blocks",
-            "backed_off_rows")
+            "backed_off_rows", "zero_copy_blocks")
 
 
 def run(mode, impl, steps=6, **overrides):
@@ -73,3 +73,14 @@ def test_recall_with_hysteresis_brake_and_a_binding_cap_agrees_too():
     assert triton_counts == torch_counts
     totals = [sum(step[i] for step in torch_counts) for i in range(len(COUNTERS))]
     assert totals[3] > 0 and totals[5] > 0  # recalled, and withheld by the hysteresis
+
+
+def test_with_the_cpu_split_the_triton_path_decodes_like_the_torch_path():
+    """The split stage's shares, the zero-copy decode over the host store and the three-way merge (with the
+    estimate's) on the Triton path: the torch path's outputs and counters."""
+    settings = dict(cpu_split="0.17", token_budget=48, resident_blocks=1, estimate=True)  # a cap of 1
+    torch_outputs, torch_counts = run("scout", "torch", **settings)
+    triton_outputs, triton_counts = run("scout", "triton", **settings)
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    assert sum(step[1] for step in torch_counts) > 0 and sum(step[-1] for step in torch_counts) > 0

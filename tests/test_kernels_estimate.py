@@ -88,7 +88,8 @@ def run(impl, q, o, lse, blocks, cpu=None):
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     out, out_lse = torch.empty_like(o).to(device), torch.empty_like(lse).to(device)
     if cpu is not None:
-        cpu = CpuPartResult(*(t.to(device) for t in (cpu.cpu_o, cpu.cpu_lse, cpu.fb_o, cpu.fb_lse, cpu.status)))
+        cpu = CpuPartResult(*(t.to(device) if t is not None else None for t in (
+            cpu.cpu_o, cpu.cpu_lse, cpu.fb_o, cpu.fb_lse, cpu.status, cpu.zc_o, cpu.zc_lse)))
     merge_with_estimate(q.to(device), o.to(device), lse.to(device), out, blocks=moved(blocks, device), cpu=cpu,
                         out_lse=out_lse, impl=impl)
     return out.cpu(), out_lse.cpu()
@@ -129,6 +130,25 @@ def test_the_device_part_the_cpu_part_and_the_estimate_merge_by_lse(impl, status
     out, out_lse = run(impl, q, o, lse, blocks, cpu)
     part_o, part_lse = (cpu_o, cpu_lse) if status == STATUS_OK else (fb_o, fb_lse)
     merged = reference.merge_states(*reference.merge_states(o, lse, part_o, part_lse), *reference_estimate(q, blocks))
+    assert_close(out, merged[0], torch.float32)
+    assert_close(out_lse, merged[1], torch.float32, lse=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("empty", ["none", "zero_copy", "cpu"])
+def test_the_cpu_splits_zero_copy_share_merges_with_the_other_parts(impl, empty):
+    """With the CPU split the merge takes a third attended part, the zero-copy share; an empty one (or an empty CPU
+    share) leaves the rest as it was."""
+    q, blocks, _ = layer(4, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    o, cpu_o, fb_o, zc_o = (torch.randn(q.shape, generator=gen) for _ in range(4))
+    lse, cpu_lse, fb_lse, zc_lse = (3 * torch.randn(q.shape[:2], generator=gen) for _ in range(4))
+    if empty != "none":
+        (zc_lse if empty == "zero_copy" else cpu_lse).fill_(float("-inf"))
+    cpu = CpuPartResult(cpu_o, cpu_lse, fb_o, fb_lse, torch.tensor([STATUS_OK], dtype=torch.int32), zc_o, zc_lse)
+    out, out_lse = run(impl, q, o, lse, blocks, cpu)
+    merged = reference.merge_states(*reference.merge_states(*reference.merge_states(o, lse, cpu_o, cpu_lse), zc_o,
+                                                            zc_lse), *reference_estimate(q, blocks))
     assert_close(out, merged[0], torch.float32)
     assert_close(out_lse, merged[1], torch.float32, lse=True)
 

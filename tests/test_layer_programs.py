@@ -38,11 +38,11 @@ ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "one
 
 
 def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", kernel_impl=None, fixed_widths=True,
-                length=70, spread=3, device="cpu", estimate=False):
+                length=70, spread=3, device="cpu", estimate=False, cpu_split="off"):
     shape = ModelShape(num_layers=LAYERS, num_qo_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=6 * BLOCK, resident_blocks=3, cpu_groups=1,
                          dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1,
-                         kernel_impl=kernel_impl, estimate=estimate)
+                         kernel_impl=kernel_impl, estimate=estimate, cpu_split=cpu_split)
     engine = CoAttentionEngine(config, shape, device=device, dtype=torch.float32, max_requests=batch,
                                max_tokens_per_request=length + 3 * batch + 32, fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
@@ -112,14 +112,23 @@ def test_with_the_estimate_walked_in_slices(monkeypatch, one_torch_thread):
     check_launches("scout", ((4, 2),), estimate=True, expect="_estimate_partials_kernel")
 
 
-def check_launches(mode, shapes, estimate=False, expect=None):
-    """expect: a Triton kernel every offloaded layer launches"""
+@requires_triton
+@pytest.mark.triton_interpret
+def test_with_the_cpu_split_and_the_estimate(one_torch_thread):
+    """The CPU split adds one launch to scout's layer: the zero-copy share's decode, one split, no workspace (its
+    merge is the CPU part's); with the estimate too every layer stays within the budget."""
+    check_launches("scout", ((1, 1),), estimate=True, cpu_split="0.5",
+                   expect={"_sparse_decode_split_kernel": 3})  # the device part, the zero-copy share, the fallback
+
+
+def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off"):
+    """expect: a Triton kernel every offloaded layer launches, or {kernel: how many times}"""
     python = {}
     for batch, num_kv_heads in shapes:
         # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
         run = batch * num_kv_heads <= 8 or TRITON_DEVICE == "cuda"
         engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45,  # 48: a block completes
-                             device=TRITON_DEVICE, estimate=estimate)
+                             device=TRITON_DEVICE, estimate=estimate, cpu_split=cpu_split)
         counters = {}
 
         def per_layer(layer):
@@ -149,7 +158,10 @@ def check_launches(mode, shapes, estimate=False, expect=None):
                     allocating = {op: n for op, n in counter.ops.items() if op.split(".")[1] in ALLOCATING}
                     assert not allocating, where
                     assert sum(counter.triton.values()) >= 2, where  # it did run the Triton path
-                    assert expect is None or dense or counter.triton.get(expect), where
+                    if isinstance(expect, dict) and not dense:
+                        assert all(counter.triton.get(kernel) == n for kernel, n in expect.items()), where
+                    else:
+                        assert expect is None or dense or counter.triton.get(expect), where
             if run:
                 assert completed, "no step completed a block"
                 if mode == "scout" and batch == 4:

@@ -44,6 +44,22 @@ def test_a_config_json_and_a_plot(tmp_path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_the_cpu_split_is_reported_and_speeds_up_a_cpu_bound_scout(capsys):
+    args = ["--model", "Qwen3-8B", "--gpu", "H100", "--context", "65536", "--host-mem-gib", "128", "--cpu-gbs", "50",
+            "--change-rate", "0.11", "--modes", "full,scout", "--json"]
+    steps = {}
+    for split in ("off", "auto"):
+        assert main([*args, "--cpu-split", split]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["cpu_split"] == split
+        steps[split] = report["modes"]["scout"]["step"]
+    assert steps["off"]["cpu_share"] == 1.0 and 0 < steps["auto"]["cpu_share"] < 1
+    assert steps["auto"]["tokens_per_s"] > steps["off"]["tokens_per_s"]
+    assert main([*args[:-1], "--cpu-split", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU split CPU share 0.5" in out and "scout's CPU list, split (CPU share 0.5): 50% on the CPU" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "Qwen3-14B", "--gpu", "B300"], "unknown GPU 'B300'; known: H100, H200, A100, L40S, RTX4090"),
     (["--model", "/no/such/config.json"], "neither a preset"),
@@ -52,6 +68,7 @@ def test_a_config_json_and_a_plot(tmp_path, capsys):
     (["--model", "Qwen3-14B", "--host-mem-gib", "-1"], "--host-mem-gib must be > 0, got -1.0"),
     (["--model", "Qwen3-14B", "--budget", "1000"], "token_budget (1000) must be a multiple of block_size (32)"),
     (["--model", "Qwen3-32B", "--gpu", "RTX4090"], "weights (61.0 GiB) do not fit"),
+    (["--model", "Qwen3-14B", "--cpu-split", "half"], "--cpu-split must be off, auto or a CPU share in [0, 1], got"),
 ])
 def test_bad_input_is_refused_with_a_reason(argv, message, capsys):
     assert main(argv) == 2

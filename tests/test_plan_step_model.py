@@ -9,7 +9,10 @@ import pytest
 from scout_sglang.config import ScoutConfig
 from scout_sglang.plan.host_counts import host_counts
 from scout_sglang.plan.models import ModelSpec
-from scout_sglang.plan.step_model import Hardware, Workload, expected_cpu_ratio, recall_share, step_time
+from scout_sglang.env import load_preset
+from scout_sglang.plan.models import load_model
+from scout_sglang.plan.step_model import (Hardware, Workload, expected_cpu_ratio, parse_cpu_split, recall_share,
+                                          step_time)
 
 # Two layers, one KV head of 4 dims: a layer's weights are 8*4*2 + 8*4*2 (q, o; k, v) + 3*8*8 + 2*8 = 336.
 SPEC = ModelSpec(name="toy", num_layers=2, num_qo_heads=1, num_kv_heads=1, head_dim=4, hidden_size=8,
@@ -260,3 +263,73 @@ def test_the_plugins_step_cost_prices_the_engines_modes_and_not_stock():
             assert with_plugin.resource_ms["host"] == pytest.approx(without.resource_ms["host"] + 2.0 + 0.25 * batch)
         assert step_time("full", CONFIG, SPEC, plugin, work).step_ms == pytest.approx(
             step_time("full", CONFIG, SPEC, HW, work).step_ms)
+
+
+# The CPU/zero-copy split, on a CPU-bound case: Qwen3-8B at 64k on an H100's rates, 12 requests (what 128 GiB of
+# host memory holds), a 50 GB/s CPU, change rate 0.11; the host hidden (no launch, no sync).
+H100_SLOW_CPU = Hardware(hbm_gbs=3350.0, pcie_gbs=64.0, cpu_attention_gbs=50.0, bf16_tflops=989.0, launch_us=0.0,
+                         sync_us=0.0, model_launches_per_layer=0.0)
+LONG = Workload(batch_size=12, context=65536 + 512, itemsize=2, change_rate=0.11)
+
+
+def _scout(hw=H100_SLOW_CPU, work=LONG, **split):
+    return step_time("scout", ScoutConfig(**load_preset("default")), load_model("Qwen3-8B"), hw, work,
+                     host_overhead_path="/nonexistent", **split)
+
+
+def test_the_split_off_or_a_cpu_share_of_one_is_todays_step():
+    today = _scout()
+    assert today.bound == "CPU" and today.cpu_share == 1.0
+    assert _scout(cpu_split="off") == today
+    assert _scout(cpu_split=1.0).as_dict() == today.as_dict()
+
+
+def test_a_cpu_share_of_zero_puts_the_whole_cpu_list_on_the_link():
+    today, zero_copy = _scout(), _scout(cpu_split=0.0)
+    assert zero_copy.cpu_bytes == 0 and zero_copy.resource_ms["CPU"] == 0 and zero_copy.cpu_share == 0
+    assert zero_copy.pcie_bytes == pytest.approx(today.pcie_bytes + today.cpu_bytes)
+    assert zero_copy.hbm_bytes == today.hbm_bytes  # the zero-copy reads run beside the device work: no HBM bytes
+    half = _scout(cpu_split=0.5)
+    assert half.cpu_bytes == pytest.approx(today.cpu_bytes / 2) and half.cpu_share == pytest.approx(0.5)
+
+
+def test_auto_balances_the_cpu_against_the_link_and_beats_every_fixed_share():
+    today, auto = _scout(), _scout(cpu_split="auto")
+    assert 0 < auto.cpu_share < 1 and auto.step_ms < today.step_ms
+    assert auto.resource_ms["CPU"] == pytest.approx(auto.resource_ms["PCIe"], rel=0.01)  # layer 0 adds to neither
+    assert auto.cpu_bytes + auto.pcie_bytes == pytest.approx(today.cpu_bytes + today.pcie_bytes)  # moved, not made
+    for share in (0.0, 0.25, 0.5, 0.7, 0.75, 1.0):
+        assert auto.step_ms <= _scout(cpu_split=share).step_ms + 1e-9, share
+
+
+def test_the_share_follows_the_cpus_speed_and_stays_whole_where_the_link_is_the_bottleneck():
+    slow_hw = dataclasses.replace(H100_SLOW_CPU, cpu_attention_gbs=0.01)
+    slow = _scout(slow_hw, cpu_split="auto")
+    assert slow.cpu_share < 0.01
+    assert slow.step_ms == pytest.approx(_scout(slow_hw, cpu_split=0.0).step_ms, rel=0.01)  # nearly all zero-copy
+    fast_hw = dataclasses.replace(H100_SLOW_CPU, cpu_attention_gbs=1e4)  # the recall alone outlasts the CPU's list
+    fast = _scout(fast_hw, cpu_split="auto")
+    assert fast.cpu_share == 1.0 and fast == _scout(fast_hw)  # clamped: the step of the split off
+
+
+def test_the_split_is_scouts_and_a_gpus():
+    """The other modes, and a CPU device (no link to read over), give the step of the split off."""
+    work = Workload(batch_size=8, context=4096, itemsize=2, change_rate=0.15)
+    for mode in ("full", "quest", "infinigen", "hgca"):
+        off = step_time(mode, CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+        assert step_time(mode, CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent", cpu_split="auto") == off
+    cpu_device = dataclasses.replace(HW, host_is_device=True)
+    off = step_time("scout", CONFIG, SPEC, cpu_device, work, host_overhead_path="/nonexistent")
+    assert step_time("scout", CONFIG, SPEC, cpu_device, work, host_overhead_path="/nonexistent",
+                     cpu_split=0.0) == off
+
+
+@pytest.mark.parametrize("value, parsed", [("off", "off"), ("AUTO", "auto"), ("0.25", 0.25), (1, 1.0)])
+def test_a_cpu_split_is_off_auto_or_a_share(value, parsed):
+    assert parse_cpu_split(value) == parsed
+
+
+@pytest.mark.parametrize("value", ["half", "1.5", -0.1, "nan", None])
+def test_a_cpu_split_outside_off_auto_and_zero_to_one_is_refused(value):
+    with pytest.raises(ValueError, match="--cpu-split must be off, auto or a CPU share in"):
+        parse_cpu_split(value)

@@ -32,6 +32,21 @@ def test_the_policy_model_gives_the_engine_outputs_on_random_kv(mode, estimate):
         assert (engine_out - driver.dense()).abs().max() > 1e-2  # the budget really is sparse
 
 
+@pytest.mark.parametrize("mode", ["scout", "hgca"])
+def test_with_a_cpu_split_the_policy_model_gives_the_engine_outputs(mode):
+    """The CPU list cut into the workers' share and the device's zero-copy share, each attended and merged: the
+    policy model's outputs, which split the same way."""
+    config = ScoutConfig(mode=mode, block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         dense_layers=(), resident_blocks=3 if mode == "scout" else None, cpu_split="0.2")
+    driver = Driver(SHAPE, [5, 30, 150, 90], 40, seed=6)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    engine_out = driver.run(engine)
+    totals = [t.totals() for t in driver.telemetry]
+    policy_out = driver.run(PolicyEngine(config, SHAPE))
+    torch.testing.assert_close(engine_out, policy_out, atol=2e-5, rtol=2e-5)
+    assert sum(t.zero_copy_blocks for t in totals) > 0 and sum(t.cpu_blocks for t in totals) > 0
+
+
 NEW_TOKENS = 32
 SPARSE = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=1, resident_blocks=1,
                      dense_layers=(), recall_policy="adaptive", cpu_groups=1)

@@ -41,3 +41,20 @@ def test_the_recall_section_looks_at_the_recent_steps_only():
     assert recall == {"recent_steps": 128, "recent_cpu_ratio": 0.0625, "bytes_per_step": 50, "cap_bytes_per_step": 1000,
                       "withheld_blocks_per_step": 3.0, "backed_off_fraction": 0.5}
     assert stats.report({})["cpu_ratio"] == round((100 * 64 + 64 * 8) / (100 * 64 + 64 * 128), 4)  # since start-up
+
+
+def test_the_cpu_split_section_gives_bytes_and_the_wait_per_recent_step():
+    stats = ServingStats()
+    for _ in range(64):  # before: everything on the CPU, a long wait
+        telemetry = telemetry_of(steps=1, cpu=64, budget=64, recall_bytes=0, cap=0, backed_off=0, rows=8)
+        telemetry.layer(1).cpu_bytes, telemetry.layer(1).cpu_wait_s = 64_000, 2e-3
+        stats.add_step(telemetry)
+    for _ in range(64):  # now: split, two steps per collection
+        telemetry = telemetry_of(steps=2, cpu=24, budget=128, recall_bytes=500, cap=2000, backed_off=0, rows=16)
+        layer = telemetry.layer(1)
+        layer.cpu_bytes, layer.zero_copy_bytes, layer.zero_copy_blocks, layer.cpu_wait_s = 24_000, 40_000, 40, 1e-5
+        stats.add_step(telemetry)
+    split = stats.report({})["cpu_split"]
+    assert split == {"recent_steps": 128, "cpu_bytes_per_step": 12_000, "zero_copy_bytes_per_step": 20_000,
+                     "pcie_bytes_per_step": 20_250, "cpu_wait_ms_per_step": 0.005}
+    assert stats.report({})["cpu_blocks"] == 64 * 64 + 64 * 24

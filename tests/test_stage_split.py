@@ -7,7 +7,7 @@ from support import TRITON_DEVICE, requires_triton
 
 from scout_sglang import reference
 from scout_sglang.kernels.stage_split import split_lists
-from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS
+from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
 from scout_sglang.layout import PAD_BLOCK
 
 IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.triton_interpret])]
@@ -39,7 +39,7 @@ def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0):
                 resident=rows, resident_pages=resident_pages, host_table=host_table, q=q)
 
 
-def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True):
+def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True, caps=None):
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     d = {k: v.to(device) for k, v in c.items()}
     batch, heads, _ = c["selected"].shape
@@ -56,6 +56,14 @@ def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True)
     cpu_part = dict(host_table=d["host_table"], capacity=capacity, out_cpu_blocks=out["cpu_blocks"],
                     out_cpu_pages=out["cpu_pages"], out_cpu_counts=out["cpu_counts"], q=d["q"], out_q=out["q"],
                     counters=out["counters"]) if cpu else {}
+    if caps is not None:  # the CPU split: the workers' share per row, the rest to the zero-copy list
+        out |= dict(zero_copy_pages=torch.full((batch, heads, capacity), 77, dtype=torch.int32, device=device),
+                    zero_copy_counts=torch.full((batch, heads), 77, dtype=torch.int32, device=device),
+                    listed_counts=torch.full((batch, heads), 77, dtype=torch.int32, device=device))
+        plan = torch.zeros(batch, 3, dtype=torch.int32, device=device)
+        plan[:, 1] = torch.tensor(caps, dtype=torch.int32)
+        cpu_part |= dict(cpu_cap=plan[:, 1], out_zero_copy_pages=out["zero_copy_pages"],
+                         out_zero_copy_counts=out["zero_copy_counts"], out_listed_counts=out["listed_counts"])
     split_lists(d["selected"], d["counts"], forced_blocks=d["forced"], window_pages=d["window_pages"],
                 out_device_pages=out["device_pages"], out_device_counts=out["device_counts"],
                 only_selected_resident=only_selected, impl=impl, **resident, **cpu_part)
@@ -126,3 +134,38 @@ def test_a_partial_cpu_part_is_refused_by_name():
         split_lists(c["selected"], c["counts"], forced_blocks=c["forced"], window_pages=c["window_pages"],
                     out_device_pages=torch.zeros(4, 2, 4, dtype=torch.int32),
                     out_device_counts=torch.zeros(4, 2, dtype=torch.int32), host_table=c["host_table"])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("caps", [[0, 0, 0, 0], [9, 9, 9, 9], [-1, 1, 2, 5]], ids=["none", "all", "mixed"])
+def test_the_cpu_split_gives_every_listed_block_to_exactly_one_share(impl, caps):
+    """Whatever the cap: the workers' share is the reference list's first `cap` entries, the zero-copy list the
+    rest in order (as host pages), their union the whole list with no block twice; the counters add up."""
+    c = case(seed=2)
+    out = run(impl, c, capacity=6, caps=caps)
+    _, cpu, dropped = expected(c, capacity=6)
+    for b in range(4):
+        for h in range(2):
+            workers, zero_copy = reference.split_shares(cpu[b][h], caps[b])
+            assert listed(out["cpu_pages"], out["cpu_counts"], b, h) == [int(c["host_table"][b, j]) for j in workers]
+            assert listed(out["zero_copy_pages"], out["zero_copy_counts"], b, h) == [
+                int(c["host_table"][b, j]) for j in zero_copy], (b, h)
+            assert listed(out["cpu_blocks"], out["listed_counts"], b, h) == cpu[b][h]
+            assert set(out["cpu_pages"][b, h, out["cpu_counts"][b, h]:].tolist()) <= {PAD_BLOCK}
+            assert set(out["zero_copy_pages"][b, h, out["zero_copy_counts"][b, h]:].tolist()) <= {PAD_BLOCK}
+    assert out["counters"][CPU] == out["cpu_counts"].sum() and out["counters"][DROPPED] == dropped
+    assert out["counters"][ZERO_COPY] == out["zero_copy_counts"].sum()
+    assert out["counters"][CPU] + out["counters"][ZERO_COPY] == out["listed_counts"].sum() > 0
+
+
+def test_a_partial_split_is_refused_by_name():
+    c = case()
+    with pytest.raises(ValueError, match="the CPU split needs"):
+        split_lists(c["selected"], c["counts"], forced_blocks=c["forced"], window_pages=c["window_pages"],
+                    out_device_pages=torch.zeros(4, 2, 7, dtype=torch.int32),
+                    out_device_counts=torch.zeros(4, 2, dtype=torch.int32), resident=c["resident"], slots=c["slots"],
+                    resident_pages=c["resident_pages"], host_table=c["host_table"], capacity=4,
+                    out_cpu_blocks=torch.zeros(4, 2, 4, dtype=torch.int32),
+                    out_cpu_pages=torch.zeros(4, 2, 4, dtype=torch.int32),
+                    out_cpu_counts=torch.zeros(4, 2, dtype=torch.int32), q=c["q"], out_q=torch.zeros_like(c["q"]),
+                    cpu_cap=torch.zeros(4, dtype=torch.int32))

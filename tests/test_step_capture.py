@@ -25,10 +25,10 @@ LENGTHS = (20, 41, 7)
 CAPTURED_ROWS = 4  # the graph's batch size: one row more than the requests, a padding row
 
 
-def make_engine(mode, estimate=False):
+def make_engine(mode, estimate=False, cpu_split="off"):
     config = ScoutConfig(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                          resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton",
-                         estimate=estimate)
+                         estimate=estimate, cpu_split=cpu_split)
     engine = CoAttentionEngine(config, SHAPE, device=TRITON_DEVICE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
                                max_tokens_per_request=128, fixed_widths=True)
     gen = torch.Generator().manual_seed(0)
@@ -85,8 +85,14 @@ def test_with_the_estimate_too(mode):
     replays_like_eager(mode, estimate=True)
 
 
-def replays_like_eager(mode, estimate=False):
-    eager, graph = make_engine(mode, estimate), make_engine(mode, estimate)
+def test_with_the_cpu_split_too():
+    """The split's caps are plan data and its zero-copy share's lists and results static buffers: a replayed step
+    splits and merges what an eager one does (on a GPU the zero-copy decode's side stream is captured too)."""
+    replays_like_eager("scout", cpu_split="0.0")  # short lists here: every listed block to the zero-copy share
+
+
+def replays_like_eager(mode, estimate=False, cpu_split="off"):
+    eager, graph = make_engine(mode, estimate, cpu_split), make_engine(mode, estimate, cpu_split)
     shape = (SHAPE.num_layers, CAPTURED_ROWS)
     q, q_pred, out = (torch.zeros(*shape, 4, 16, device=TRITON_DEVICE) for _ in range(3))  # the static buffers
     k, v = (torch.zeros(*shape, 2, 16, device=TRITON_DEVICE) for _ in range(2))
@@ -110,10 +116,12 @@ def replays_like_eager(mode, estimate=False):
             torch.testing.assert_close(out[:, :rows], expected, atol=2e-5, rtol=2e-5, msg=lambda m: f"step {step}: {m}")
             assert torch.count_nonzero(out[:, rows:]) == 0, "the padding row attends nothing"
         replayed = graph.collect_telemetry().totals()
-        for name in ("selected_blocks", "cpu_blocks", "recalled_blocks", "changed_blocks", "budget_blocks"):
+        for name in ("selected_blocks", "cpu_blocks", "recalled_blocks", "changed_blocks", "budget_blocks",
+                     "zero_copy_blocks"):
             assert getattr(replayed, name) == sum(getattr(t, name) for t in eager_totals), name
         if mode == "scout":
-            assert replayed.cpu_blocks > 0 and replayed.recalled_blocks > 0
+            off_device = replayed.zero_copy_blocks if cpu_split != "off" else replayed.cpu_blocks
+            assert off_device > 0 and replayed.recalled_blocks > 0
     finally:
         eager.close()
         graph.close()

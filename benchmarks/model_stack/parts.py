@@ -12,7 +12,7 @@ import torch
 
 from .headline import headline_budgets, host_free_bytes, model_spec, planned_batch, projection
 from .qwen3 import TINY, Qwen3Shape
-from .run import StackRun
+from .run import SPLIT_WARMUP_STEPS, StackRun
 
 GIB = 2**30
 
@@ -27,22 +27,26 @@ def stack_shape(setup, layers: int | None = None) -> Qwen3Shape:
                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
 
 
-def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=None, kernel_impl=None) -> dict:
-    """Build, prefill, capture and time one configuration -> its row (or its error)."""
+def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=None, kernel_impl=None,
+               cpu_split="off") -> dict:
+    """Build, prefill, capture and time one configuration -> its row (or its error). cpu_split: the engine's
+    SCOUT_CPU_SPLIT (scout: the device reads a share of each CPU list from the host store itself)."""
     steps = steps or setup.steps
     started = time.perf_counter()
     run = None
     try:
-        run = StackRun(shape, mode=mode, batch=batch, context=context, steps=steps + 3, workload=workload,
+        warmup = SPLIT_WARMUP_STEPS if cpu_split == "auto" else 0  # measure() settles an auto split's caps first
+        run = StackRun(shape, mode=mode, batch=batch, context=context, steps=steps + 3 + warmup, workload=workload,
                        block_size=setup.block, token_budget=setup.budget, device=setup.device,
-                       kernel_impl=kernel_impl or ("triton" if setup.dry else None))
+                       kernel_impl=kernel_impl or ("triton" if setup.dry else None), cpu_split=cpu_split)
         run.capture()
         row = run.measure(steps)
         row["gpu_busy"] = busy_without_wait(run) if run.graph is not None else None
         row["seconds"] = round(time.perf_counter() - started, 1)
         return row
     except Exception as error:  # noqa: BLE001 - reported in the row, the part goes on
-        return dict(mode=mode, batch=batch, context=context, error=f"{type(error).__name__}: {error}"[:400])
+        return dict(mode=mode, batch=batch, context=context, cpu_split=cpu_split,
+                    error=f"{type(error).__name__}: {error}"[:400])
     finally:
         if run is not None:
             run.close()
@@ -86,18 +90,22 @@ def part_headline(setup, args, deadline: float) -> dict:
                device_kv_budget_gib=round(budgets["device_budget_bytes"] / GIB, 2),
                host_kv_budget_gib=round(budgets["host_budget_bytes"] / GIB, 1),
                weights="random (bf16)", selection="synthetic: the heavy-hitter workload")
-    for mode in ("full", "scout"):
-        batch, limit = batches[mode]
+    batches["scout_split"] = batches["scout"]  # the same batch, with the CPU split on (SCOUT_CPU_SPLIT=auto)
+    for entry in ("full", "scout", "scout_split"):
+        batch, limit = batches[entry]
         if batch < 1:
-            out[mode] = dict(batch=0, limit=limit, skipped="not even one request fits")
+            out[entry] = dict(batch=0, limit=limit, skipped="not even one request fits")
             continue
         if time.perf_counter() > deadline:
-            out[mode] = dict(batch=batch, limit=limit, skipped="the call's time budget ran out")
+            out[entry] = dict(batch=batch, limit=limit, skipped="the call's time budget ran out")
             continue
-        out[mode] = dict(batch=batch, limit=limit) | run_config(setup, stack_shape(setup), mode, batch, context)
-    full, scout = out.get("full", {}), out.get("scout", {})
-    if "tokens_per_s" in full and "tokens_per_s" in scout:
-        out["scout_over_full"] = round(scout["tokens_per_s"] / full["tokens_per_s"], 2)
+        mode, split = ("scout", "auto") if entry == "scout_split" else (entry, "off")
+        out[entry] = dict(batch=batch, limit=limit) | run_config(setup, stack_shape(setup), mode, batch, context,
+                                                                 cpu_split=split)
+    full = out.get("full", {})
+    for entry, key in (("scout", "scout_over_full"), ("scout_split", "scout_split_over_full")):
+        if "tokens_per_s" in full and "tokens_per_s" in out.get(entry, {}):
+            out[key] = round(out[entry]["tokens_per_s"] / full["tokens_per_s"], 2)
     if not setup.dry:
         out["projection"] = projections(setup, scout, budgets, context)
     return out
@@ -143,8 +151,14 @@ def part_equal_batch(setup, args, deadline: float) -> dict:
                for mode in ("full", "scout")]
     configs += [(mode, setup.batches[0], setup.contexts[0], "heavy") for mode in ("quest", "infinigen", "hgca")]
     configs += [("scout", setup.batches[0], setup.contexts[0], "flat")]
+    configs = [config + ("off",) for config in configs]
+    # the CPU split against off, at the second batch (32 on a GPU), on both workloads
+    batch = setup.batches[min(1, len(setup.batches) - 1)]
+    configs += [("scout", batch, setup.contexts[0], workload, "auto") for workload in ("heavy", "flat")]
+    if (("scout", batch, setup.contexts[0], "flat", "off")) not in configs:
+        configs.append(("scout", batch, setup.contexts[0], "flat", "off"))
     rows = []
-    for mode, batch, context, workload in configs:
+    for mode, batch, context, workload, split in configs:
         ok, why = fits(setup, mode, shape, batch, context)
         if not ok:
             rows.append(dict(mode=mode, batch=batch, context=context, workload=workload, skipped=f"does not fit: {why}"))
@@ -153,11 +167,26 @@ def part_equal_batch(setup, args, deadline: float) -> dict:
             rows.append(dict(mode=mode, batch=batch, context=context, workload=workload,
                              skipped="the call's time budget ran out"))
             continue
-        rows.append(run_config(setup, shape, mode, batch, context, workload=workload))
+        rows.append(run_config(setup, shape, mode, batch, context, workload=workload, cpu_split=split))
     ratios = {}
     for row in rows:
         full = next((r for r in rows if r.get("mode") == "full" and r.get("batch") == row.get("batch")
                      and r.get("context") == row.get("context") and "step_ms" in r), None)
+        split = "" if row.get("cpu_split", "off") == "off" else "+split"
         if row.get("mode") != "full" and full and "step_ms" in row and row.get("workload") == "heavy":
-            ratios[f"{row['mode']}@{row['context']}x{row['batch']}"] = round(row["step_ms"] / full["step_ms"], 3)
-    return dict(layers=shape.num_layers, rows=rows, step_ratio_to_full=ratios)
+            ratios[f"{row['mode']}{split}@{row['context']}x{row['batch']}"] = round(row["step_ms"] / full["step_ms"], 3)
+    return dict(layers=shape.num_layers, rows=rows, step_ratio_to_full=ratios, split_against_off=split_ratios(rows))
+
+
+def split_ratios(rows) -> dict:
+    """Scout's step with the CPU split on over the same configuration with it off, per workload and shape."""
+    out = {}
+    for row in rows:
+        if row.get("cpu_split", "off") == "off" or "step_ms" not in row:
+            continue
+        off = next((r for r in rows if r.get("mode") == row["mode"] and r.get("cpu_split", "off") == "off"
+                    and (r.get("batch"), r.get("context"), r.get("workload")) ==
+                    (row["batch"], row["context"], row["workload"]) and "step_ms" in r), None)
+        if off is not None:
+            out[f"{row['workload']}@{row['context']}x{row['batch']}"] = round(row["step_ms"] / off["step_ms"], 3)
+    return out

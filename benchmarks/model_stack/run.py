@@ -17,6 +17,9 @@ from .qwen3 import Qwen3Shape, Qwen3Stack
 from .workload import DeviceWorkload
 
 
+SPLIT_WARMUP_STEPS = 8  # steps (each read) before an auto CPU split is timed
+
+
 def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         from scout_sglang.core.host_wait import wait_for_device
@@ -118,9 +121,11 @@ class StackRun:
         """Median step of `steps` (after `warmup`), tokens/s, and what the steps did: the CPU ratio, the change rate
         and the predicted-query cosine (the workload's calibration), the CPU part's bytes, attend and worker CPU
         ms, the wait kernel's ms and the in-engine GB/s."""
+        if self.engine.cpu_split is not None and self.engine.cpu_split.share is None:
+            warmup = max(warmup, SPLIT_WARMUP_STEPS)  # auto: the caps settle on what the steps measure
         for _ in range(warmup):
             self.step()
-        self.engine.collect_telemetry()
+            self.engine.collect_telemetry()  # one collection a step: what the split's caps learn from
         worker = self.engine.cpu_worker
         busy0 = getattr(worker, "busy_s", 0.0)
         cpu0 = getattr(worker, "cpu_s", None)
@@ -129,8 +134,9 @@ class StackRun:
         telemetry = self.engine.collect_telemetry()
         step_ms = 1e3 * statistics.median(times)
         totals = telemetry.totals() if telemetry is not None else None
+        split = self.engine.cpu_split
         row = dict(mode=self.mode, batch=self.batch, context=self.context, layers=self.shape.num_layers,
-                   graph=self.graph is not None, step_ms=round(step_ms, 3),
+                   cpu_split=self.engine.config.cpu_split, graph=self.graph is not None, step_ms=round(step_ms, 3),
                    tokens_per_s=round(self.batch / step_ms * 1e3, 1), prefill_s=round(self.prefill_s, 1),
                    workload=self.workload.kind,
                    predict_cosine=round(sum(self.workload.cosines[cosines0:]) / steps, 4))
@@ -146,6 +152,14 @@ class StackRun:
                 worker_cpu_ms_per_step=None if cpu0 is None else round(1e3 * (worker.cpu_s - cpu0) / steps, 3),
                 wait_kernel_ms_per_step=round(1e3 * telemetry.timings.get("cpu_wait", 0.0) / steps, 3),
                 in_engine_gbs=round(nbytes * threads / busy / 1e9, 2) if busy else None)
+        if split is not None and totals is not None:  # the CPU split's shares beside the step time
+            listed = totals.cpu_blocks + totals.zero_copy_blocks
+            row["split"] = dict(zero_copy_share=round(totals.zero_copy_blocks / listed, 4) if listed else 0.0,
+                                zero_copy_mb_per_step=round(totals.zero_copy_bytes / steps / 1e6, 3),
+                                cpu_mb_per_step=round(totals.cpu_bytes / steps / 1e6, 3),
+                                wait_share_of_step=round(telemetry.timings.get("cpu_wait", 0.0) / steps / step_ms * 1e3,
+                                                         4),
+                                caps=split.step_caps(), source=split.source)
         return row
 
     def close(self) -> None:

@@ -196,18 +196,19 @@ def _estimate_partials_kernel(
 @triton.jit
 def _estimate_merge_kernel(
     q_ptr, min_ptr, max_ptr, mean_ptr, table_ptr, num_full_ptr, selected_ptr, counts_ptr, resident_ptr, slots_ptr,
-    part_ptr, o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, out_ptr, out_lse_ptr,
+    part_ptr, o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, zc_o_ptr, zc_lse_ptr, out_ptr,
+    out_lse_ptr,
     stride_q_row, stride_q_head, stride_min_page, stride_min_head, stride_max_page, stride_max_head,
     stride_mean_page, stride_mean_head, stride_mean_part, stride_table_row, stride_num_full, stride_sel_row,
     stride_sel_head,
     stride_counts_row, stride_res_slot, stride_res_head, stride_slots, stride_o_row, stride_o_head, stride_lse_row,
     stride_cpu_o_row, stride_cpu_o_head, stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row,
-    stride_out_row, stride_out_head, stride_out_lse_row,
+    stride_zc_o_row, stride_zc_o_head, stride_zc_lse_row, stride_out_row, stride_out_head, stride_out_lse_row,
     scale, scale_log2, log_block_size, lse_offset,
     GROUP_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_QO_HEADS: tl.constexpr, SPLITS: tl.constexpr,
     TOPK_P2: tl.constexpr, RESIDENT: tl.constexpr,
     RESIDENT_P2: tl.constexpr, HAS_RESIDENT: tl.constexpr, CPU_PART: tl.constexpr, WRITE_LSE: tl.constexpr,
-    PAD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ZERO_COPY: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv). SPLITS == 1: the walk is this program's; else the partials of _estimate_partials_kernel.
     row = tl.program_id(0).to(tl.int64)
@@ -250,6 +251,11 @@ def _estimate_merge_kernel(
                          tl.load(fb_o_ptr + row * stride_fb_o_row + heads[:, None] * stride_fb_o_head + d[None, :],
                                  mask=tile & fallback[:, None], other=0.0).to(tl.float32))
         o, lse = merge_tile(o, lse, cpu_o, tl.where(in_g, cpu_lse, float("-inf")))
+    if ZERO_COPY:  # the CPU split's other share, attended by the device from the host store
+        zc_lse = tl.load(zc_lse_ptr + row * stride_zc_lse_row + heads, mask=in_g, other=float("-inf"))
+        zc_o = tl.load(zc_o_ptr + row * stride_zc_o_row + heads[:, None] * stride_zc_o_head + d[None, :], mask=tile,
+                       other=0.0)
+        o, lse = merge_tile(o, lse, zc_o, zc_lse)
     out, out_lse = merge_tile(o, lse, est_o, est_lse)
     tl.store(out_ptr + row * stride_out_row + heads[:, None] * stride_out_head + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=tile)
@@ -302,10 +308,13 @@ def merge_with_estimate_triton(q, o, lse, out, out_lse, *, blocks, cpu) -> None:
     (cpu_o, s_cpu_o), (cpu_lse, s_cpu_lse), (fb_o, s_fb_o), (fb_lse, s_fb_lse) = (
         or_unused(part_, unused, part_dims) for part_, part_dims in zip(parts, (2, 1, 2, 1)))
     status = unused if cpu is None else cpu.status
+    zero_copy = cpu is not None and cpu.zc_o is not None
+    (zc_o, s_zc_o), (zc_lse, s_zc_lse) = (or_unused(cpu.zc_o if zero_copy else None, unused, 2),
+                                          or_unused(cpu.zc_lse if zero_copy else None, unused, 1))
     out_lse_arg, s_out_lse = or_unused(out_lse, unused, 1)
     _estimate_merge_kernel[(rows, num_kv_heads)](
-        *summaries, part, o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out, out_lse_arg,
-        *strides, *o.stride()[:2], lse.stride(0), *s_cpu_o, *s_cpu_lse, *s_fb_o, *s_fb_lse, *out.stride()[:2],
-        *s_out_lse, *scales, lse_offset, NUM_QO_HEADS=num_qo_heads, SPLITS=splits, CPU_PART=cpu is not None,
-        WRITE_LSE=out_lse is not None, **config,
+        *summaries, part, o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, zc_o, zc_lse, out, out_lse_arg,
+        *strides, *o.stride()[:2], lse.stride(0), *s_cpu_o, *s_cpu_lse, *s_fb_o, *s_fb_lse, *s_zc_o, *s_zc_lse,
+        *out.stride()[:2], *s_out_lse, *scales, lse_offset, NUM_QO_HEADS=num_qo_heads, SPLITS=splits,
+        CPU_PART=cpu is not None, WRITE_LSE=out_lse is not None, ZERO_COPY=zero_copy, **config,
     )  # fmt: skip

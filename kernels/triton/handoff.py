@@ -76,7 +76,7 @@ def _ring_kernel(header_ptr, words_ptr, ring_ns_ptr, SEQ: tl.constexpr, ROWS_H: 
 
 
 @triton.jit
-def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, outcomes_ptr, deadline,
+def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, window_ns_ptr, outcomes_ptr, deadline,
                  SEQ: tl.constexpr, BYPASS: tl.constexpr, DONE_W: tl.constexpr, STATUS_W: tl.constexpr,
                  LATE: tl.constexpr, DEVICE_ONLY: tl.constexpr, CLOCK: tl.constexpr):
     seq = tl.load(header_ptr + SEQ)
@@ -97,14 +97,17 @@ def _wait_kernel(header_ptr, words_ptr, ring_ns_ptr, status_ptr, wait_ns_ptr, ou
     tl.store(outcomes_ptr + status, tl.load(outcomes_ptr + status) + 1)
     if CLOCK:
         tl.store(wait_ns_ptr, tl.load(wait_ns_ptr) + (_global_ns() - start))
+        # the part's window: the device's work between the ring and this wait (what the CPU split sizes it to)
+        tl.store(window_ns_ptr, tl.load(window_ns_ptr) + (start - tl.load(ring_ns_ptr)))
 
 
 @triton.jit
-def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, out_ptr,
-                           stride_o_row, stride_o_head, stride_lse_row, stride_cpu_o_row, stride_cpu_o_head,
-                           stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row, stride_out_row,
-                           stride_out_head, num_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
+def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_lse_ptr, status_ptr, zc_o_ptr,
+                           zc_lse_ptr, out_ptr, stride_o_row, stride_o_head, stride_lse_row, stride_cpu_o_row,
+                           stride_cpu_o_head, stride_cpu_lse_row, stride_fb_o_row, stride_fb_o_head, stride_fb_lse_row,
+                           stride_zc_o_row, stride_zc_o_head, stride_zc_lse_row, stride_out_row, stride_out_head,
+                           num_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                           ZERO_COPY: tl.constexpr):
     # grid: (rows, cdiv(H, BLOCK_H)); natural-log LSE merge of the device part with the CPU part or its fallback.
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -123,7 +126,12 @@ def _merge_cpu_part_kernel(o_ptr, lse_ptr, cpu_o_ptr, cpu_lse_ptr, fb_o_ptr, fb_
                    tl.load(fb_o_ptr + row * stride_fb_o_row + h[:, None] * stride_fb_o_head + d[None, :],
                            mask=tile & fallback[:, None], other=0.0).to(tl.float32))
     lse_b = tl.where(in_h, lse_b, float("-inf"))
-    out, _ = merge_tile(o_a.to(tl.float32), lse_a, o_b, lse_b)
+    out, lse = merge_tile(o_a.to(tl.float32), lse_a, o_b, lse_b)
+    if ZERO_COPY:  # the CPU split's other share, attended by the device from the host store
+        zc_lse = tl.load(zc_lse_ptr + row * stride_zc_lse_row + h, mask=in_h, other=float("-inf"))
+        zc_o = tl.load(zc_o_ptr + row * stride_zc_o_row + h[:, None] * stride_zc_o_head + d[None, :], mask=tile,
+                       other=0.0)
+        out, lse = merge_tile(out, lse, zc_o.to(tl.float32), zc_lse)
     tl.store(out_ptr + row * stride_out_row + h[:, None] * stride_out_head + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=tile)
 
@@ -138,20 +146,22 @@ def ring_triton(header, words, ring_ns) -> None:
                        ROWS_W=ROWS, DOORBELL_W=DOORBELL, CLOCK=header.is_cuda)
 
 
-def wait_triton(header, words, ring_ns, status, wait_ns, outcomes, *, deadline_ns: int) -> None:
+def wait_triton(header, words, ring_ns, status, wait_ns, window_ns, outcomes, *, deadline_ns: int) -> None:
     clock = header.is_cuda
     deadline = deadline_ns if clock else max(1, deadline_ns // _NS_PER_ITERATION)
-    _wait_kernel[(1,)](header, words, ring_ns, status, wait_ns, outcomes, deadline, SEQ=HEADER_SEQ, BYPASS=HEADER_BYPASS,
+    _wait_kernel[(1,)](header, words, ring_ns, status, wait_ns, window_ns, outcomes, deadline, SEQ=HEADER_SEQ, BYPASS=HEADER_BYPASS,
                        DONE_W=DONE, STATUS_W=STATUS, LATE=STATUS_DEADLINE, DEVICE_ONLY=STATUS_DEVICE_ONLY, CLOCK=clock)
 
 
-def merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out) -> None:
+def merge_cpu_part_triton(o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out, *, zero_copy=None) -> None:
     rows, num_heads, head_dim = o.shape
     if rows == 0:
         return
     block_h = BLOCK_H
+    zc_o, zc_lse = zero_copy if zero_copy is not None else (fb_o, fb_lse)  # never read without ZERO_COPY
     _merge_cpu_part_kernel[(rows, cdiv(num_heads, block_h))](
-        o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, out, o.stride(0), o.stride(1), lse.stride(0), cpu_o.stride(0),
-        cpu_o.stride(1), cpu_lse.stride(0), fb_o.stride(0), fb_o.stride(1), fb_lse.stride(0), out.stride(0),
-        out.stride(1), num_heads, HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=p2(head_dim),
+        o, lse, cpu_o, cpu_lse, fb_o, fb_lse, status, zc_o, zc_lse, out, o.stride(0), o.stride(1), lse.stride(0),
+        cpu_o.stride(0), cpu_o.stride(1), cpu_lse.stride(0), fb_o.stride(0), fb_o.stride(1), fb_lse.stride(0),
+        zc_o.stride(0), zc_o.stride(1), zc_lse.stride(0), out.stride(0), out.stride(1), num_heads, HEAD_DIM=head_dim,
+        BLOCK_H=block_h, BLOCK_D=p2(head_dim), ZERO_COPY=zero_copy is not None,
     )  # fmt: skip

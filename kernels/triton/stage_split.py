@@ -7,6 +7,8 @@ selection it writes the two lists a layer attends:
                          then the window's pages (sink, local blocks, partial tail), ascending
     CPU list    [C]:     selected blocks, best first, that neither the window nor the resident buffer
                          holds, capped at C; as logical blocks and as host pages (the hand-off's lists)
+    split       (SPLIT)  the row's CPU cap keeps the first entries' host pages for the workers and moves
+                         the rest, in order, to the zero-copy list that the device reads itself
 
 and stages the query rows of the KV head for the CPU worker. Compaction keeps
 the order by placing entry i at its rank among the kept ones (lists.place): no
@@ -19,7 +21,7 @@ import functools
 
 import triton
 import triton.language as tl
-from scout_sglang.kernels.step_counters import CPU, DROPPED
+from scout_sglang.kernels.step_counters import CPU, DROPPED, ZERO_COPY
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
 from scout_sglang.kernels.triton.sizes import or_unused, p2
 
@@ -30,17 +32,18 @@ from scout_sglang.layout import PAD_BLOCK
 def _split_lists_kernel(
     selected_ptr, counts_ptr, forced_ptr, window_pages_ptr, resident_pages_ptr, host_table_ptr, resident_ptr,
     slots_ptr, dev_pages_ptr, dev_counts_ptr, cpu_blocks_ptr, cpu_pages_ptr, cpu_counts_ptr, q_ptr, q_out_ptr,
-    counters_ptr,
+    cap_ptr, zc_pages_ptr, zc_counts_ptr, listed_ptr, counters_ptr,
     stride_sel_batch, stride_sel_head, stride_counts_batch, stride_forced_batch, stride_window_batch,
     stride_res_pages_batch, stride_host_batch, stride_res_slot, stride_res_head, stride_slots,
     stride_dev_batch, stride_dev_head, stride_dev_counts_batch, stride_cpu_blocks_batch, stride_cpu_blocks_head,
     stride_cpu_pages_batch, stride_cpu_pages_head, stride_cpu_counts_batch, stride_q_batch, stride_q_head,
-    stride_q_out_batch, stride_q_out_head,
+    stride_q_out_batch, stride_q_out_head, stride_cap, stride_zc_batch, stride_zc_head, stride_zc_counts_batch,
+    stride_listed_batch,
     TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, RESIDENT: tl.constexpr,
     RESIDENT_P2: tl.constexpr, DEVICE_P2: tl.constexpr, CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr,
-    HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr,
+    HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_SIZE: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-    PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
+    PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr, ZERO_COPY_COL: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -84,18 +87,29 @@ def _split_lists_kernel(
         keep = sel_valid & ~on_device
         position = rank_of(keep)
         wanted = tl.sum(keep.to(tl.int32), axis=0)
-        num_cpu = tl.minimum(wanted, CAPACITY)
+        num_listed = tl.minimum(wanted, CAPACITY)
         c = tl.arange(0, CAPACITY_P2)
-        listed = c < num_cpu
+        listed = c < num_listed
         blocks = tl.where(listed, place(selected, position, keep & (position < CAPACITY), CAPACITY_P2), PAD)
         pages = tl.load(host_table_ptr + batch * stride_host_batch + blocks, mask=listed, other=PAD)
         tl.store(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head + c, blocks,
                  mask=c < CAPACITY)
+        num_cpu = num_listed
+        if SPLIT:  # the workers' share first, the rest to the device's zero-copy list, shifted to its front
+            num_cpu = tl.minimum(num_listed, tl.maximum(tl.load(cap_ptr + batch * stride_cap), 0))
+            num_zero_copy = num_listed - num_cpu
+            moved = listed & (c >= num_cpu)
+            zero_copy = tl.where(c < num_zero_copy, place(pages, c - num_cpu, moved, CAPACITY_P2), PAD)
+            tl.store(zc_pages_ptr + batch * stride_zc_batch + head * stride_zc_head + c, zero_copy, mask=c < CAPACITY)
+            tl.store(zc_counts_ptr + batch * stride_zc_counts_batch + head, num_zero_copy)
+            tl.store(listed_ptr + batch * stride_listed_batch + head, num_listed)
+            tl.atomic_add(counters_ptr + ZERO_COPY_COL, num_zero_copy)
+            pages = tl.where(c < num_cpu, pages, PAD)
         tl.store(cpu_pages_ptr + batch * stride_cpu_pages_batch + head * stride_cpu_pages_head + c, pages,
                  mask=c < CAPACITY)
         tl.store(cpu_counts_ptr + batch * stride_cpu_counts_batch + head, num_cpu)
         tl.atomic_add(counters_ptr + CPU_COL, num_cpu)
-        tl.atomic_add(counters_ptr + DROPPED_COL, wanted - num_cpu)
+        tl.atomic_add(counters_ptr + DROPPED_COL, wanted - num_listed)
         # The query rows of this KV head, in the dtype of the staging buffer.
         g = tl.arange(0, GROUP_P2)
         d = tl.arange(0, DIM_P2)
@@ -107,25 +121,27 @@ def _split_lists_kernel(
 
 
 @functools.cache
-def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, group_size, head_dim):
+def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, split, group_size, head_dim):
     return dict(TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width), RESIDENT=num_resident, RESIDENT_P2=p2(num_resident),
                 DEVICE_P2=p2(num_resident + width), CAPACITY=capacity, CAPACITY_P2=p2(capacity),
-                HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists,
+                HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists, SPLIT=split,
                 GROUP_SIZE=group_size, GROUP_P2=p2(group_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), PAD=PAD_BLOCK,
-                CPU_COL=CPU, DROPPED_COL=DROPPED)
+                CPU_COL=CPU, DROPPED_COL=DROPPED, ZERO_COPY_COL=ZERO_COPY)
 
 
 def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,
                        only_selected_resident, out_device_pages, out_device_counts, capacity, out_cpu_blocks,
-                       out_cpu_pages, out_cpu_counts, q, out_q, counters) -> None:
+                       out_cpu_pages, out_cpu_counts, q, out_q, counters, cpu_cap=None, out_zero_copy_pages=None,
+                       out_zero_copy_counts=None, out_listed_counts=None) -> None:
     """Launch the split stage; arguments as stage_split.split_lists (validated there)."""
     batch_size, num_kv_heads, topk = selected.shape
     if batch_size == 0:
         return
     cpu_lists = out_cpu_pages is not None
     num_qo_heads, head_dim = (q.shape[1], q.shape[2]) if cpu_lists else (num_kv_heads, 1)
+    split = cpu_cap is not None
     config = _config(topk, window_pages.shape[1], 0 if resident is None else resident.shape[2], capacity,
-                     only_selected_resident, cpu_lists, num_qo_heads // num_kv_heads, head_dim)
+                     only_selected_resident, cpu_lists, split, num_qo_heads // num_kv_heads, head_dim)
     (resident_pages, s_rp), (host_table, s_ht), (resident, s_res), (slots, s_slots) = (
         or_unused(resident_pages, counts, 1), or_unused(host_table, counts, 1), or_unused(resident, counts, 2),
         or_unused(slots, counts, 1))
@@ -134,9 +150,13 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
         or_unused(out_cpu_counts, counts, 1))
     (q, s_q), (out_q, s_oq), (counters, _) = (
         or_unused(q, counts, 2), or_unused(out_q, counts, 2), or_unused(counters, counts, 0))
+    (cpu_cap, s_cap), (out_zero_copy_pages, s_zc), (out_zero_copy_counts, s_zcc), (out_listed_counts, s_lc) = (
+        or_unused(cpu_cap, counts, 1), or_unused(out_zero_copy_pages, counts, 2),
+        or_unused(out_zero_copy_counts, counts, 1), or_unused(out_listed_counts, counts, 1))
     _split_lists_kernel[(batch_size, num_kv_heads)](
         selected, counts, forced_blocks, window_pages, resident_pages, host_table, resident, slots, out_device_pages,
-        out_device_counts, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q, counters,
+        out_device_counts, out_cpu_blocks, out_cpu_pages, out_cpu_counts, q, out_q, cpu_cap, out_zero_copy_pages,
+        out_zero_copy_counts, out_listed_counts, counters,
         *selected.stride()[:2], counts.stride(0), forced_blocks.stride(0), window_pages.stride(0), *s_rp, *s_ht, *s_res,
         *s_slots, *out_device_pages.stride()[:2], out_device_counts.stride(0), *s_cb, *s_cp, *s_cc, *s_q, *s_oq,
-        **config)
+        *s_cap, *s_zc, *s_zcc, *s_lc, **config)

@@ -110,12 +110,14 @@ class CpuHandoff:
         self.outcomes = torch.zeros(count, len(CAUSE_OF_STATUS) + 1, dtype=torch.int32, device=self.device)
         self.ring_ns = torch.zeros(count, dtype=torch.int64, device=self.device)
         self.wait_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # summed over the step
+        self.window_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # ring to wait, summed likewise
         # The CPU device's stream is this thread: it writes the words and statuses through numpy views (host
         # memory; no tensor op to dispatch, as the kernels that do this on CUDA are none of the layer's ops).
         self._words_np = self.words.numpy() if not self.on_cuda else None
         self._status_np = self.status.numpy() if not self.on_cuda else None
         self._outcomes_np = self.outcomes.numpy() if not self.on_cuda else None
         self._wait_np = self.wait_ns.numpy() if not self.on_cuda else None
+        self._window_np = self.window_ns.numpy() if not self.on_cuda else None
         self._rung_at: dict[int, float] = {}
         self._last_log, self._unlogged = float("-inf"), {}
         if worker is not None:
@@ -147,24 +149,26 @@ class CpuHandoff:
             self.worker.kick()
 
     def resolve(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *,
-                estimate=None) -> None:
+                estimate=None, zero_copy=None) -> None:
         """out <- merge of the device part (o, lse) with the layer's CPU part: the worker's, or the fallback's.
         estimate: (the layer's query, kernels.estimate.UnattendedBlocks) to merge the estimate of the blocks
-        attended nowhere too, in the same launch; None: no estimate."""
+        attended nowhere too, in the same launch; None: no estimate. zero_copy: (o, lse) of the CPU split's share
+        that the device read from the host store, merged in the same launch; None: no split."""
         self.wait(layer, plan)
-        self.finish(layer, plan, o, lse, out, estimate=estimate)
+        self.finish(layer, plan, o, lse, out, estimate=estimate, zero_copy=zero_copy)
 
     def wait(self, layer: int, plan) -> None:
         """Wait for the worker's DONE (the deadline after the ring): the layer's status. A kernel on CUDA."""
         i = self.index[layer]
         if self.kernels:
             wait_cpu_part(plan.header, self.words[i], self.ring_ns[i:i + 1], self.status[i:i + 1],
-                          self.wait_ns[i:i + 1], self.outcomes[i], deadline_ns=int(self.deadline_s * 1e9))
+                          self.wait_ns[i:i + 1], self.window_ns[i:i + 1], self.outcomes[i],
+                          deadline_ns=int(self.deadline_s * 1e9))
         else:
             self._wait_on_host(i, plan)
 
     def finish(self, layer: int, plan, o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, *,
-               estimate=None) -> None:
+               estimate=None, zero_copy=None) -> None:
         """The fallback where the status is not OK, and the merge into out (with the estimate, when given)."""
         i, rows = self.index[layer], plan.rows
         status = self.status[i:i + 1]
@@ -185,15 +189,16 @@ class CpuHandoff:
         if estimate is not None:
             q, blocks = estimate
             cpu = CpuPartResult(self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
-                                self.fb_lse[:rows], status)
+                                self.fb_lse[:rows], status, *(zero_copy or (None, None)))
             merge_with_estimate(q, o, lse, out, blocks=blocks, cpu=cpu, impl=self.merge_impl, validate=False)
             return
         merge_cpu_part(o, lse, self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
-                       self.fb_lse[:rows], status, out, impl=self.merge_impl)
+                       self.fb_lse[:rows], status, out, zero_copy=zero_copy, impl=self.merge_impl)
 
     def _wait_on_host(self, i: int, plan) -> None:
         """The CPU device: the engine's thread waits on DONE, as the wait kernel does on CUDA."""
         start = time.monotonic()
+        self._window_np[i] += int(1e9 * (start - self._rung_at[i]))
         if plan.bypass:
             code = STATUS_DEVICE_ONLY
         else:

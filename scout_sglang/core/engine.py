@@ -32,6 +32,7 @@ import torch
 
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.cpu_handoff import CpuHandoff
+from scout_sglang.core.cpu_split import CpuSplit
 from scout_sglang.core.device_tables import DeviceTable, StepTables
 from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
@@ -156,16 +157,22 @@ class CoAttentionEngine:
                                            dtype=torch.int32, device=self.device)
                          for layer in (self._selects if track_changes else ())}
         window = config.sink_blocks + config.local_blocks + 1
+        # The CPU split (cpu_split.py): the device reads a share of each CPU list from the host store itself.
+        splits = config.cpu_split != "off" and config.mode in CPU_MODES and bool(self.offloaded_layers)
         self.buffers = StepBuffers(max_batch=max_requests, num_layers=shape.num_layers,
                                    num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads,
                                    head_dim=shape.head_dim, max_blocks=self.max_blocks, topk=config.topk_blocks,
                                    cpu_capacity=config.cpu_capacity, device_width=self.offloaded.resident_blocks + window,
-                                   dtype=dtype, device=self.device)
+                                   dtype=dtype, device=self.device, cpu_split=splits)
         self.buffers.workspace = self._decode_workspace(window)
         self.buffers.estimate_workspace = self._estimate_workspace()
         self._own_worker = cpu_worker is None and config.mode in CPU_MODES and bool(self.offloaded_layers)
         self.cores = None  # the core plan applied, when this engine made its worker
         self.cpu_worker = self._make_worker(cpu_faults, cores) if self._own_worker else (cpu_worker or None)
+        self.cpu_split = CpuSplit(config.cpu_split, layers=self.offloaded_layers, capacity=config.cpu_capacity,
+                                  block_bytes=self.offloaded.block_bytes_per_head(self.offloaded_layers[0]),
+                                  link_gbs=config.recall_link_gbps,
+                                  workers=self.cpu_worker is not None) if splits else None
         self.handoff = None
         if config.mode in CPU_MODES and self.offloaded_layers:
             self.handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
@@ -229,7 +236,7 @@ class CoAttentionEngine:
         width = 5  # slots, num_tokens, num_full, last_len, append_offset
         if self.offloaded_layers:
             width += 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
-            width += len(self.offloaded_layers) + self.shape.num_kv_heads  # recall_due, recall_cap
+            width += 2 * len(self.offloaded_layers) + self.shape.num_kv_heads  # recall_due, cpu_cap, recall_cap
             width += 2 + 1  # host_delta, host_started
         if self.full_layers:
             width += 3 + 2 + 1  # num_blocks and the two cells, full_delta, full_started
@@ -334,8 +341,8 @@ class CoAttentionEngine:
 
     def cpu_worker_state(self) -> dict | None:
         """The CPU worker's health (cpu_health.py): whether decoding is device-only now, how often it went
-        device-only, the pool's threads replaced after one ended, and the CPUs its threads may run on
-        (read back from the OS); None without a CPU part."""
+        device-only, the pool's threads replaced after one ended, the CPUs its threads may run on (read back
+        from the OS) and the CPU split's caps, with where they come from; None without a CPU part."""
         if self.handoff is None:
             return None
         health, worker = self.handoff.health, self.cpu_worker
@@ -343,7 +350,8 @@ class CoAttentionEngine:
         return {"device_only": health.device_only, "device_only_switches": health.switches,
                 "replaced_threads": getattr(worker, "replaced_threads", 0),
                 "threads": len(getattr(worker, "threads", ())),
-                "cpus": thread_cpus() if thread_cpus is not None else []}
+                "cpus": thread_cpus() if thread_cpus is not None else [],
+                "split": self.cpu_split.describe() if self.cpu_split is not None else None}
 
     def usage(self) -> dict:
         """Pages in use, for leak checks and metrics."""
@@ -512,7 +520,8 @@ class CoAttentionEngine:
             full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
             recall_quota=config.recall_quota, tables=self.device_tables, changes=changes, started=self._started,
             recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
-                len(batch), self.shape.num_kv_heads, self._step_index))
+                len(batch), self.shape.num_kv_heads, self._step_index),
+            cpu_caps=None if self.cpu_split is None else self.cpu_split.step_caps(bypass=bypass))
         header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
         size = self.block_size
         widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
@@ -604,29 +613,38 @@ class CoAttentionEngine:
         telemetry = self.telemetry
         if telemetry is None or self.plan is not None:  # nothing ended, or a step is under way
             return None
-        counters, outcomes, waits = self._read_step_words()
+        counters, outcomes, waits, windows = self._read_step_words()
         for layer in self._selects:
             stats = telemetry.layer(layer)
             for name, value in zip(COUNTER_NAMES, counters[layer]):
                 setattr(stats, name, getattr(stats, name) + value)
             if layer in self.offloaded_layers:
-                stats.recall_bytes += stats.recalled_blocks * self.offloaded.block_bytes_per_head(layer)
+                block_bytes = self.offloaded.block_bytes_per_head(layer)
+                stats.recall_bytes += stats.recalled_blocks * block_bytes
+                stats.cpu_bytes, stats.zero_copy_bytes = stats.cpu_blocks * block_bytes, stats.zero_copy_blocks * block_bytes
         if self.handoff is not None:
-            for layer, wait_ns in zip(self.handoff.layers, waits):
-                telemetry.layer(layer).cpu_wait_s += wait_ns / 1e9
+            for layer, wait_ns, window_ns in zip(self.handoff.layers, waits, windows):
+                stats = telemetry.layer(layer)
+                stats.cpu_wait_s += wait_ns / 1e9
+                stats.cpu_window_s += window_ns / 1e9
                 telemetry.add_time("cpu_wait", wait_ns / 1e9)
+                if self.cpu_split is not None:
+                    self.cpu_split.observe(layer, cpu_blocks=stats.cpu_blocks, zero_copy_blocks=stats.zero_copy_blocks,
+                                           rows=telemetry.decoded_tokens * self.shape.num_kv_heads,
+                                           steps=telemetry.steps, window_s=stats.cpu_window_s,
+                                           wait_s=stats.cpu_wait_s)
             for cause, count in self.handoff.record_outcomes(outcomes, rids or []).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
         self.telemetry = None
         return telemetry
 
     def _read_step_words(self):
-        """Counters [layers][NUM_COUNTERS], the hand-off's outcome counts [CPU layers][statuses] and wait times
-        per CPU layer: one device read, after which they are zeroed."""
+        """Counters [layers][NUM_COUNTERS], the hand-off's outcome counts [CPU layers][statuses], wait times and
+        windows (ring to wait) per CPU layer: one device read, after which they are zeroed."""
         counters = self.buffers.counters
         parts = [counters.flatten().long()]
         if self.handoff is not None:
-            parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns]
+            parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns, self.handoff.window_ns]
         words = torch.cat(parts)
         if words.device.type == "cuda":  # through page-locked memory, the host sleeping until the copy is done
             if self._read_buffer is None:
@@ -639,12 +657,14 @@ class CoAttentionEngine:
         width = counters.shape[1]
         rows = [values[i: i + width] for i in range(0, counters.numel(), width)]
         if self.handoff is None:
-            return rows, [], []
+            return rows, [], [], []
         self.handoff.outcomes.zero_()
         self.handoff.wait_ns.zero_()
-        start, kinds = counters.numel(), self.handoff.outcomes.shape[1]
-        outcomes = [values[start + i * kinds: start + (i + 1) * kinds] for i in range(len(self.handoff.layers))]
-        return rows, outcomes, values[start + self.handoff.outcomes.numel():]
+        self.handoff.window_ns.zero_()
+        start, kinds, layers = counters.numel(), self.handoff.outcomes.shape[1], len(self.handoff.layers)
+        outcomes = [values[start + i * kinds: start + (i + 1) * kinds] for i in range(layers)]
+        start += self.handoff.outcomes.numel()
+        return rows, outcomes, values[start: start + layers], values[start + layers:]
 
     # -- decision trace (tests only; never built when self.trace is None) -------
     def _resident_rows(self, layer) -> list:

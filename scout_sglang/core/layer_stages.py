@@ -10,10 +10,13 @@ offloaded layer (scout shown; the other modes drop stages):
                 (infinigen: + the recall of its selection)
       split     device list; CPU list and query into the hand-off's staging    kernels.stage_split
       ring      the worker may start                                           kernels.cpu_part / cpu_handoff
+      zero-copy (the CPU split) the device's share of the CPU list, read from  kernels.sparse_decode
+                the host store: on CUDA on a side stream, joined before attend
     attend (the layer's own query)
       append    the token; a completed block's digest and host copy            kernels.stage_append
       decode    resident blocks + window -> (o, lse)                           kernels.sparse_decode
       resolve   wait (deadline), fallback if the worker failed, merge          cpu_handoff
+                (with the split, of the zero-copy share too: one launch still)
                 (with the estimate on, the merge also estimates the blocks     kernels.estimate
                 attended nowhere: one launch still; infinigen: one more)
       recall    CPU-list blocks into the resident buffer, when due, braked     kernels.stage_recall
@@ -31,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from scout_sglang import kernels
+from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
 from scout_sglang.core.launch_program import LaunchPrograms
 from scout_sglang.kernels.estimate import UnattendedBlocks, merge_with_estimate
 from scout_sglang.kernels.recall_brake import RecallBrake
@@ -56,6 +60,7 @@ class LayerStages:
         self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_blocks > 0
         self.cpu_part = config.mode in CPU_MODES
         self.recalls = engine.recall_budget is not None  # scout, recall on, a resident buffer
+        self.splits = engine.cpu_split is not None  # the CPU split: the device reads a share of the CPU list itself
         self.estimates = engine.estimates  # the estimate of the unattended blocks, merged with the attended parts
         self.stage_impl = engine.stage_impl
         self.decode_impl = engine.decode_impl
@@ -64,6 +69,9 @@ class LayerStages:
         # The Triton path replays each layer's recorded launches (launch_program.py); the torch path runs its ops.
         triton = self.stage_impl == "triton" or (self.on_cuda and self.stage_impl is None)
         self.programs = LaunchPrograms() if triton and engine.replay_launches else None
+        if self.splits and self.on_cuda:  # the zero-copy share's stream, and its end per layer parity
+            self.side_stream = torch.cuda.Stream(device=engine.device)
+            self.zero_copy_done = [torch.cuda.Event(), torch.cuda.Event()]
 
     # -- offloaded layers ----------------------------------------------------------------
     def front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
@@ -72,11 +80,47 @@ class LayerStages:
             self._front(layer, q, trace=trace)
         else:
             self.programs.run("front", self._step_key(layer), lambda q: self._front(layer, q), q=q)
+        if self.splits:
+            self.zero_copy(layer)
 
     def _front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
         self.select_split(layer, q, trace=trace)
         if self.handoff is not None:
             self.handoff.ring(layer, self.engine.plan)
+
+    def zero_copy(self, layer: int) -> None:
+        """The CPU split's device share of `layer`: its blocks attended from the page-locked host store with the
+        staged query -> the set's zero_copy_o, zero_copy_lse. On CUDA on the side stream, forked after the ring and
+        joined before the layer's attention (a captured graph keeps the fork and the join)."""
+        if not self.on_cuda:
+            self._run_zero_copy(layer)
+            return
+        self.side_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side_stream):
+            self._run_zero_copy(layer)
+            self.zero_copy_done[layer % 2].record(self.side_stream)
+
+    def _run_zero_copy(self, layer: int) -> None:
+        if self.programs is None:
+            self._zero_copy(layer)
+        else:
+            self.programs.run("zero_copy", self._step_key(layer), lambda: self._zero_copy(layer))
+
+    def _zero_copy(self, layer: int) -> None:
+        plan, chosen, handoff = self.engine.plan, self.buffers.of(layer), self.handoff
+        rows = plan.rows
+        q, pages, counts = handoff.q[layer][:rows], chosen.zero_copy_pages[:rows], chosen.zero_copy_counts[:rows]
+        host_k, host_v = self.offloaded.host_k[layer], self.offloaded.host_v[layer]
+        if handoff.kernels:  # one split: B x Hkv programs and no workspace, apart from the main stream's
+            from scout_sglang.kernels.triton.decode import sparse_decode_triton
+
+            sparse_decode_triton(q, host_k, host_v, pages, counts, None, chosen.zero_copy_o[:rows],
+                                 chosen.zero_copy_lse[:rows], scale=self.scale, num_splits=1)
+            return
+        o, lse = attend_listed_host_blocks(q, host_k, host_v, pages, counts, scale=self.scale,
+                                           device=self.engine.device, impl=handoff.impl)
+        chosen.zero_copy_o[:rows].copy_(o)
+        chosen.zero_copy_lse[:rows].copy_(lse)
 
     def _step_key(self, layer: int) -> tuple:
         """What the recorded launches of a layer depend on besides the call's tensors: the plan's layout."""
@@ -115,6 +159,10 @@ class LayerStages:
                     out_cpu_pages=self.handoff.pages[layer][:rows] if cpu else None,
                     out_cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
                     q=q if cpu else None, out_q=self.handoff.q[layer][:rows] if cpu else None,
+                    cpu_cap=plan.cpu_cap[:, self.recall_index[layer]] if self.splits else None,
+                    out_zero_copy_pages=chosen.zero_copy_pages[:rows] if self.splits else None,
+                    out_zero_copy_counts=chosen.zero_copy_counts[:rows] if self.splits else None,
+                    out_listed_counts=chosen.listed_counts[:rows] if self.splits else None,
                     counters=self.buffers.counters[layer], impl=impl, validate=False)
 
     def score(self, layer: int, q: torch.Tensor, store, table: torch.Tensor, scores: torch.Tensor) -> None:
@@ -126,6 +174,8 @@ class LayerStages:
     def attend_offloaded(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          out: torch.Tensor) -> None:
         """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D]."""
+        if self.splits and self.on_cuda:  # the zero-copy share is in
+            torch.cuda.current_stream().wait_event(self.zero_copy_done[layer % 2])
         if self.programs is None:
             self._attend(layer, q, k_new, v_new, out)
         else:
@@ -140,8 +190,10 @@ class LayerStages:
         self.device_part(layer, q, k_new, v_new, o)
         blocks = self.unattended(layer, offloaded=True) if self.estimates else None
         if self.cpu_part:
+            chosen = self.buffers.of(layer)
+            zero_copy = (chosen.zero_copy_o[:rows], chosen.zero_copy_lse[:rows]) if self.splits else None
             self.handoff.resolve(layer, self.engine.plan, o, self.buffers.lse[:rows], out,
-                                 estimate=None if blocks is None else (q, blocks))
+                                 estimate=None if blocks is None else (q, blocks), zero_copy=zero_copy)
         elif blocks is not None:
             merge_with_estimate(q, o, self.buffers.lse[:rows], out, blocks=blocks, impl=self.stage_impl,
                                 validate=False)
@@ -195,7 +247,7 @@ class LayerStages:
                  leaving_block=plan.leaving_block, leaving_page=plan.leaving_page, fill=fill,
                  ready=store.resident_ready[layer], recall=recall, scores=scores,
                  cpu_blocks=chosen.cpu_blocks[:rows] if cpu else None,
-                 cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
+                 cpu_counts=(chosen.listed_counts if self.splits else self.handoff.counts[layer])[:rows] if cpu else None,
                  recall_due=plan.recall_due[:, self.recall_index[layer]] if cpu and plan.recall_due is not None else None,
                  recall_beta=self.config.recall_beta, brake=brake, counters=self.buffers.counters[layer],
                  impl=self.stage_impl, validate=False)

@@ -71,6 +71,7 @@ class StepPlan:
     recall_due: torch.Tensor | None = None  # [rows, L_offloaded] interval recall due this step (nonzero)
     recall_quota: torch.Tensor | None = None  # [rows, Hkv] blocks one resident row may take in per phase
     recall_cap: torch.Tensor | None = None  # [rows, Hkv] blocks scout's recall may move per row (recall_budget.py)
+    cpu_cap: torch.Tensor | None = None  # [rows, L_offloaded] CPU-list entries per KV head the workers take (cpu_split.py)
     # device-full layers (full, quest, dense layers)
     full_table: torch.Tensor | None = None  # [rows, NB] device page of each block
     num_blocks: torch.Tensor | None = None  # [rows] blocks including the partial tail
@@ -174,7 +175,8 @@ class PlanBuffer:
 
 def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int, config,
                 num_kv_heads: int, offloaded, full_store, offloaded_layers, recall_quota: int, tables: dict,
-                changes: dict, started: dict, recall_cap: torch.Tensor | None = None):
+                changes: dict, started: dict, recall_cap: torch.Tensor | None = None,
+                cpu_caps: list[int] | None = None):
     """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
@@ -182,6 +184,7 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
     device_tables.DeviceTable ("host", "full"); changes: per table the (cells, pages) the host changed since the
     last step (at most one per row); started: per assigned table the rows whose token starts a block the device
     assigns (its page from the token's slot). recall_cap: [B, Hkv] scout's recall caps, or None (no recall).
+    cpu_caps: the CPU split's cap of each offloaded layer (the same for every row), or None (no split).
     Every tensor here is O(batch): the page tables stay on the device."""
     size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
     after = torch.tensor(num_tokens, dtype=torch.long)
@@ -222,6 +225,9 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
         if recall_cap is not None:
             fields["recall_cap"] = recall_cap
             padding["recall_cap"] = 0
+        if cpu_caps is not None:
+            fields["cpu_cap"] = torch.tensor(cpu_caps, dtype=torch.long).view(1, -1).expand(batch_size, -1)
+            padding["cpu_cap"] = 0
         if config.recall_policy == "interval":
             step = torch.tensor(steps, dtype=torch.long).view(-1, 1)
             intervals = torch.tensor([config.interval_for_layer(layer) for layer in offloaded_layers]).view(1, -1)

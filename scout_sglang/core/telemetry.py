@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 
 TOTALLED = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes",
-            "changed_blocks", "compared_blocks", "withheld_blocks", "backed_off_rows", "recall_rows")
+            "changed_blocks", "compared_blocks", "withheld_blocks", "backed_off_rows", "recall_rows", "zero_copy_blocks",
+            "cpu_bytes", "zero_copy_bytes")
 
 
 @dataclass
@@ -20,6 +21,9 @@ class LayerStats:
 
     selected_blocks: int = 0  # blocks selected (top-k), summed over requests and KV heads
     cpu_blocks: int = 0  # of those, attended on the CPU
+    zero_copy_blocks: int = 0  # of those, read by the device from the host store (the CPU split's other share)
+    cpu_bytes: int = 0  # K/V bytes the CPU workers read (cpu_blocks x block bytes)
+    zero_copy_bytes: int = 0  # K/V bytes the device read from the host store over PCIe
     dropped_blocks: int = 0  # non-resident selected blocks past the CPU list capacity
     budget_blocks: int = 0  # topk_blocks * KV heads * requests: the denominator of the CPU ratio
     recalled_blocks: int = 0  # (block, KV head) pairs copied host -> device by recall
@@ -30,6 +34,7 @@ class LayerStats:
     backed_off_rows: int = 0  # (request, KV head) rows whose recall was backed off (brake level above 0)
     recall_rows: int = 0  # (request, KV head) rows that went through recall: backed_off_rows' denominator
     cpu_wait_s: float = 0.0  # time the device side waited for the CPU result
+    cpu_window_s: float = 0.0  # time from the CPU part's ring to its wait: the device work it overlapped
     cpu_launched_ahead: bool = False  # CPU work of this layer was launched one layer earlier
 
     @property
@@ -70,6 +75,7 @@ class StepTelemetry:
             for name in TOTALLED:
                 setattr(total, name, getattr(total, name) + getattr(stats, name))
             total.cpu_wait_s += stats.cpu_wait_s
+            total.cpu_window_s += stats.cpu_window_s
         return total
 
     def summary(self) -> dict:
@@ -79,6 +85,10 @@ class StepTelemetry:
             "batch_size": self.batch_size,
             "cpu_ratio": round(total.cpu_ratio, 4),
             "change_rate": round(total.change_rate, 4),
+            "cpu_blocks": total.cpu_blocks,
+            "zero_copy_blocks": total.zero_copy_blocks,
+            "cpu_bytes": total.cpu_bytes,
+            "zero_copy_bytes": total.zero_copy_bytes,
             "recalled_blocks": total.recalled_blocks,
             "recall_bytes": total.recall_bytes,
             "recall_cap_bytes": self.recall_cap_bytes,

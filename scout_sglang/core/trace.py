@@ -31,6 +31,8 @@ class LayerDecision:
     resident_start: list | None = None  # [B][Hkv][R] resident slots at the step's start, after window admission
     resident: list | None = None  # [B][Hkv][R] resident slots when the device part ran (PAD_BLOCK: empty)
     resident_after: list | None = None  # [B][Hkv][R] after this layer's recall
+    zero_copy_blocks: list | None = None  # [B][Hkv] the CPU split's device share, read from the host store
+    cpu_cap: list | None = None  # [B] the CPU split's cap of each row (None: no split)
 
     @property
     def recalled(self) -> list:
@@ -100,8 +102,13 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
                 held = [j for j in held if j in set(selected[b][h])]
             rows.append(held + window)
         device.append(rows)
-    cpu = block_lists(None, None, len(batch), heads)
+    cpu, zero_copy, caps = block_lists(None, None, len(batch), heads), None, None
     if engine.handoff is not None:
         cpu = block_lists(chosen.cpu_blocks, engine.handoff.counts[layer], len(batch), heads)
+    if chosen.listed_counts is not None:  # the CPU split: the workers' share first, then the device's
+        listed = block_lists(chosen.cpu_blocks, chosen.listed_counts, len(batch), heads)
+        zero_copy = [[whole[len(part):] for part, whole in zip(parts, wholes)] for parts, wholes in zip(cpu, listed)]
+        caps = engine.plan.cpu_cap[: len(batch), engine.offloaded_layers.index(layer)].tolist()
     return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=True,
-                         selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident)
+                         selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident,
+                         zero_copy_blocks=zero_copy, cpu_cap=caps)

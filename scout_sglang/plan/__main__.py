@@ -1,7 +1,7 @@
 """python -m scout_sglang.plan: what a GPU box holds and decodes with scout, against the stock backend.
 
     python -m scout_sglang.plan --model Qwen3-14B --gpu H100 --context 65536 --output-len 1024 \\
-        [--budget 2048] [--measure] [--json] [--plot out.png]
+        [--budget 2048] [--cpu-split auto] [--measure] [--json] [--plot out.png]
 
 --model takes a preset (Qwen3-8B, Qwen3-14B, Qwen3-32B, Llama-3.1-8B, needle-llama), a config.json or a
 model directory. Every input printed says whether it was measured, looked up, assumed or given.
@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scout-config", default="default", help="scout preset name or YAML file")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes to plan")
+    parser.add_argument("--cpu-split", default="off",
+                        help="scout's CPU list: off (all on the CPU workers), auto (the CPU share that balances the "
+                             "CPU against the GPU's zero-copy reads over PCIe), or a CPU share in [0, 1]")
     parser.add_argument("--host-overhead", default=None, help="host_overhead.json to read launch counts from")
     parser.add_argument("--measure", action="store_true", help="measure this host's CPU figures (about 10 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -70,7 +73,7 @@ def main(argv=None) -> int:
                               output_len=args.output_len, shared_prefix=args.shared_prefix, scout_preset=args.scout_config, budget=args.budget,
                               block_size=args.block_size, itemsize=4 if args.dtype == "float32" else 2,
                               measure=args.measure, modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
-                              overrides=overrides, host_overhead_path=args.host_overhead)
+                              overrides=overrides, host_overhead_path=args.host_overhead, cpu_split=args.cpu_split)
         result = plan(request)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -17,7 +17,7 @@ from scout_sglang.plan.figures import Figure
 from scout_sglang.plan.gpus import gpu_spec
 from scout_sglang.plan.host_counts import DEFAULT_PATH as HOST_OVERHEAD_PATH
 from scout_sglang.plan.models import ModelSpec
-from scout_sglang.plan.step_model import Hardware, Workload, step_time
+from scout_sglang.plan.step_model import Hardware, Workload, parse_cpu_split, step_time
 
 GIB = 2**30
 RECOMMEND_BUDGETS = (1024, 2048, 4096)  # scout token budgets the recommendation chooses among
@@ -61,6 +61,7 @@ class PlanRequest:
     overrides: dict = field(default_factory=dict)  # gpu_memory, hbm_bandwidth, pcie_bandwidth, peak_bf16,
     # cpu_attention, launch_us, sync_us, host_memory, mem_fraction, change_rate, max_running_requests
     host_overhead_path: str | None = None
+    cpu_split: str | float = "off"  # scout's CPU/zero-copy split: off, auto or the CPU share (step_model)
 
     def problems(self) -> list[str]:
         out = []
@@ -73,6 +74,10 @@ class PlanRequest:
         for name, value in self.overrides.items():
             if value is not None and value <= 0:
                 out.append(f"{FLAGS.get(name, name)} must be > 0, got {value}")
+        try:
+            parse_cpu_split(self.cpu_split)
+        except ValueError as error:
+            out.append(str(error))
         unknown = [m for m in self.modes if m not in MODES]
         if unknown:
             out.append(f"unknown modes {unknown}; known: {list(MODES)}")
@@ -191,7 +196,7 @@ def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict
     work = Workload(batch_size=capacity.max_batch, context=context + request.output_len // 2,
                     itemsize=request.itemsize, change_rate=figures["change_rate"].value, output_len=request.output_len)
     step = step_time(mode, config, request.model, hardware(figures), work,
-                     host_overhead_path=request.host_overhead_path)
+                     host_overhead_path=request.host_overhead_path, cpu_split=request.cpu_split)
     return {"capacity": capacity, "step": step}
 
 

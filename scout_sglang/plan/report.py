@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from scout_sglang.plan.capacity import STOCK
+from scout_sglang.plan.step_model import parse_cpu_split
 
 GIB, MIB = 2**30, 2**20
 
@@ -30,7 +31,7 @@ def text_report(plan: dict) -> str:
     config = plan["config"]
     lines += ["", f"scout settings: preset {request.scout_preset}, budget {config.token_budget} tokens, block "
               f"{config.block_size}, dense layers {list(config.dense_layers)}, recall {config.recall_policy}"
-              f" (beta {config.recall_beta})", ""]
+              f" (beta {config.recall_beta}), CPU split {_split_text(request)}", ""]
     header = ("mode", "max batch", "limit", "step ms", "tokens/s", "x full", "bound", "GPU idle", "CPU ratio",
               "host hidden: step ms", "GPU idle")
     rows = [header]
@@ -46,6 +47,7 @@ def text_report(plan: dict) -> str:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
+    lines += _split_lines(plan)
     rec = plan["recommendation"]
     lines += ["", f"recommended: {rec['env']} (budget {rec['token_budget']}, block {rec['block_size']}, recall "
               f"{rec['recall_policy']} beta {rec['recall_beta']}, CPU groups {rec['cpu_groups']}): max batch "
@@ -58,11 +60,27 @@ def text_report(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def _split_text(request) -> str:
+    split = parse_cpu_split(request.cpu_split)
+    return split if isinstance(split, str) else f"CPU share {split:g}"
+
+
+def _split_lines(plan: dict) -> list[str]:
+    """Where scout's CPU list went (nothing when the split is off or scout is not planned: the split is its own)."""
+    scout = plan["results"].get("scout")
+    if parse_cpu_split(plan["request"].cpu_split) == "off" or scout is None:
+        return []
+    step = scout["step"]
+    return ["", f"scout's CPU list, split ({_split_text(plan['request'])}): {step.cpu_share:.0%} on the CPU workers, "
+            f"the rest read by the GPU zero-copy over PCIe; a step moves {step.cpu_bytes / MIB:.0f} MiB on the CPU "
+            f"and {step.pcie_bytes / MIB:.0f} MiB over PCIe (recalls and the CPU part's output included)"]
+
+
 def json_report(plan: dict) -> dict:
     request = plan["request"]
     return {
         "model": dataclasses.asdict(plan["model"]), "gpu": plan["gpu"], "context": request.context,
-        "shared_prefix": request.shared_prefix,
+        "shared_prefix": request.shared_prefix, "cpu_split": parse_cpu_split(request.cpu_split),
         "output_len": request.output_len, "scout_config": {k: v for k, v in dataclasses.asdict(plan["config"]).items()
                                                           if k != "extra"},
         "inputs": {name: figure.as_dict() for name, figure in plan["figures"].items()},

@@ -20,6 +20,12 @@ batch of B requests at context C (tokens), block size S, per layer:
   PCIe    t_pcie = (recalled blocks x block bytes + the CPU part's output) / PCIe
           recalled per step: c x K blocks (c: share of the selection that
           changes per step), scout and infinigen
+  split   scout with the CPU/zero-copy split (cpu_split "auto" or a share s): the CPU
+          workers attend s of the CPU list's bytes L, the device reads the rest from
+          page-locked host memory over PCIe on a second stream (beside its own work,
+          so only the link prices it): t_cpu = s L / CPU, t_pcie = ((1 - s) L + R) / PCIe
+          (R: the recall and output bytes above); auto takes the s that balances them,
+          s = CPU (L + R) / (L (CPU + PCIe)), clamped to [0, 1] (split_cpu_share)
   host    t_launch = (engine launches + the plugin's own around the engine (its decode
           wrapper; the layer-ahead prediction where a layer takes one) + the model's own)
           x per-launch cost,
@@ -174,11 +180,12 @@ class StepEstimate:
     bound: str
     gpu_idle: float
     gpu_idle_without_host: float  # GPU idle of the step with the host hidden
-    cpu_ratio: float  # share of the selected blocks attended on the CPU
+    cpu_ratio: float  # share of the selected blocks outside the device (the CPU list)
     resource_ms: dict = field(default_factory=dict)  # RESOURCES -> ms summed over the step
     hbm_bytes: float = 0.0
     cpu_bytes: float = 0.0
-    pcie_bytes: float = 0.0
+    pcie_bytes: float = 0.0  # recalls, the CPU part's output and, with the split, the zero-copy reads
+    cpu_share: float = 1.0  # of the CPU list's bytes, the CPU workers' (the rest zero-copy over PCIe); 1: no split
     host_counts_source: str = ""
 
     def as_dict(self) -> dict:
@@ -215,6 +222,41 @@ def recall_share(mode: str, config: ScoutConfig, work: "Workload") -> float:
     if mode != "scout" or config.recall_policy == "off":
         return 0.0
     return 1.0 / recall_cycle_steps(config, change_rate=work.change_rate, output_len=work.output_len)
+
+
+CPU_SPLITS = ("off", "auto")  # or a fixed CPU share in [0, 1]
+
+
+def parse_cpu_split(value) -> str | float:
+    """`--cpu-split` as step_time takes it: "off", "auto", or the CPU workers' share of the CPU list (a float)."""
+    if isinstance(value, str) and value.strip().lower() in CPU_SPLITS:
+        return value.strip().lower()
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        share = float("nan")
+    if not 0.0 <= share <= 1.0:  # NaN fails too
+        raise ValueError(f"--cpu-split must be off, auto or a CPU share in [0, 1], got {value!r}")
+    return share
+
+
+def split_cpu_share(cpu_split: str | float, *, cpu_list_bytes: float, link_bytes: float, cpu_gbs: float,
+                    pcie_gbs: float) -> float:
+    """Share s of a layer's CPU-list bytes L that the CPU workers attend; the device reads the rest zero-copy.
+
+    The zero-copy reads share the link with its other bytes R (recalls, the CPU part's output), so the
+    off-device part of the layer takes max(s L / cpu, ((1 - s) L + R) / pcie). The first term grows with s and
+    the second falls, so the least max is where they meet:
+        s L / cpu = ((1 - s) L + R) / pcie   =>   s = cpu (L + R) / (L (cpu + pcie))
+    (cpu / (cpu + pcie) without other link bytes). Above 1 where the link's own bytes alone outlast the CPU on
+    the whole list (R / pcie > L / cpu): then all of it stays on the CPU. "off": 1; a float: that share.
+    """
+    if cpu_split == "off" or cpu_list_bytes <= 0:
+        return 1.0
+    if cpu_split != "auto":
+        return float(cpu_split)
+    share = cpu_gbs * (cpu_list_bytes + link_bytes) / (cpu_list_bytes * (cpu_gbs + pcie_gbs))
+    return min(1.0, max(0.0, share))
 
 
 def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workload, *, dense: bool) -> dict:
@@ -258,8 +300,15 @@ def _adapter_launches(mode: str, config: ScoutConfig, hw: Hardware, layer: int, 
 
 
 def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, work: Workload, *,
-              host_overhead_path=None) -> StepEstimate:
-    """The modelled decode step of `mode` (config.mode is ignored: the mode is the argument)."""
+              host_overhead_path=None, cpu_split: str | float = "off") -> StepEstimate:
+    """The modelled decode step of `mode` (config.mode is ignored: the mode is the argument).
+
+    cpu_split : "off", "auto" or a float in [0, 1]
+        Scout's CPU/zero-copy split of its CPU list (split_cpu_share); "off" is the CPU workers alone. Other
+        modes, and a CPU device (no link to read over), ignore it.
+    """
+    cpu_split = parse_cpu_split(cpu_split)
+    splits = mode == "scout" and cpu_split != "off" and not hw.host_is_device
     config = config.replace(mode="scout" if mode == STOCK else mode)
     offloaded, _ = layer_split(config, spec.num_layers)
     batch, heads, group = work.batch_size, spec.num_kv_heads, spec.num_qo_heads // spec.num_kv_heads
@@ -290,7 +339,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     if mode != STOCK:
         step_host += (hw.engine_step_host_ms + hw.engine_step_host_ms_per_request * batch) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
-    totals = dict(hbm=0.0, cpu=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
+    totals = dict(hbm=0.0, cpu=0.0, cpu_list=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
     ratio = 0.0
     for layer in range(spec.num_layers):
         # quest keeps every layer on the device but attends its selection outside the dense layers
@@ -306,8 +355,13 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         flops = weight_flops + batch * heads * group * 4 * spec.head_dim * head["device_tokens"]
         t_hbm, t_flops = (hbm - attention_bytes) / (hw.hbm_gbs * 1e9) + t_attention, flops / (hw.bf16_tflops * 1e12)
         t_dev = max(t_hbm, t_flops)
-        t_cpu = batch * heads * head["cpu"] / (hw.cpu_attention_gbs * 1e9)
-        t_pcie = batch * heads * head["pcie"] / (hw.pcie_gbs * 1e9)
+        cpu_list, link = batch * heads * head["cpu"], batch * heads * head["pcie"]
+        share = split_cpu_share(cpu_split if splits else "off", cpu_list_bytes=cpu_list, link_bytes=link,
+                                cpu_gbs=hw.cpu_attention_gbs, pcie_gbs=hw.pcie_gbs)
+        cpu_bytes = share * cpu_list
+        pcie_bytes = link + (cpu_list - cpu_bytes)  # the zero-copy reads share the link with the recall
+        t_cpu = cpu_bytes / (hw.cpu_attention_gbs * 1e9)
+        t_pcie = pcie_bytes / (hw.pcie_gbs * 1e9)
         exposed, t_cpu_ahead = 0.0, t_cpu  # the CPU part launched a layer ahead overlaps the whole layer
         if mode == "hgca" and not dense:
             exposed = max(0.0, t_cpu - t_attention)  # beside the device attention only
@@ -320,8 +374,9 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         for name, value in zip(RESOURCES, (t_hbm, t_flops, t_cpu, t_pcie, t_launch + t_sync)):
             sums[name] += value
         totals["hbm"] += hbm
-        totals["cpu"] += batch * heads * head["cpu"]
-        totals["pcie"] += batch * heads * head["pcie"]
+        totals["cpu"] += cpu_bytes
+        totals["cpu_list"] += cpu_list
+        totals["pcie"] += pcie_bytes
         totals["device"] += t_dev
         totals["step"] += layer_time
         totals["without_host"] += without_host
@@ -342,4 +397,6 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
                         gpu_idle_without_host=max(0.0, 1.0 - totals["device"] / totals["without_host"]) if step else 0.0,
                         cpu_ratio=ratio,
                         resource_ms={name: value * 1e3 for name, value in sums.items()}, hbm_bytes=totals["hbm"],
-                        cpu_bytes=totals["cpu"], pcie_bytes=totals["pcie"], host_counts_source=counts_source)
+                        cpu_bytes=totals["cpu"], pcie_bytes=totals["pcie"],
+                        cpu_share=totals["cpu"] / totals["cpu_list"] if totals["cpu_list"] else 1.0,
+                        host_counts_source=counts_source)

@@ -68,3 +68,10 @@ def split_selection(selected: list[int], resident: list[int], *, capacity: int) 
     resident_set = set(resident)
     cpu = [j for j in selected if j not in resident_set and j != PAD_BLOCK]
     return cpu[:capacity], max(len(cpu) - capacity, 0)
+
+
+def split_shares(cpu_blocks: list[int], cap: int) -> tuple[list[int], list[int]]:
+    """The CPU split of a CPU list: (the workers' share, its first `cap` entries; the device's zero-copy share,
+    the rest in order). Every listed block is in exactly one share."""
+    cap = max(cap, 0)
+    return cpu_blocks[:cap], cpu_blocks[cap:]

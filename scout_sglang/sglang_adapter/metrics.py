@@ -51,6 +51,15 @@ GAUGES = {
     "scout_recall_backed_off_fraction": ("share of (request, layer, KV head) rows whose recall the brake holds "
                                          "back, over the recent steps", ("recall", "backed_off_fraction")),
     "scout_cpu_wait_ms": ("milliseconds the device waited for CPU attention since start-up", ("cpu_wait_ms",)),
+    "scout_cpu_bytes_per_step": ("K/V bytes the CPU workers read per decode step, over the recent steps",
+                                 ("cpu_split", "cpu_bytes_per_step")),
+    "scout_zero_copy_bytes_per_step": ("K/V bytes the device read from the host store over PCIe per decode step "
+                                       "(the CPU split's device share), over the recent steps",
+                                       ("cpu_split", "zero_copy_bytes_per_step")),
+    "scout_pcie_bytes_per_step": ("bytes over PCIe per decode step: zero-copy reads and recall, over the recent steps",
+                                  ("cpu_split", "pcie_bytes_per_step")),
+    "scout_cpu_wait_ms_per_step": ("milliseconds the device waited for the CPU part per decode step, over the "
+                                   "recent steps", ("cpu_split", "cpu_wait_ms_per_step")),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
     "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "
                               "its CPU part itself, else 0", ("cpu_worker", "device_only")),

@@ -3,7 +3,8 @@
 The backend adds every step's telemetry; `report()` is what the server exposes
 (under "scout" in each entry of `/server_info`'s "internal_states") and what
 the main job prints: CPU compute ratio, recalls (and, over the recent steps, the
-CPU ratio, recall bytes against their cap and the brake's share), CPU wait, CPU
+CPU ratio, recall bytes against their cap and the brake's share), the CPU split
+(per recent step: bytes on the CPU, bytes the device read over PCIe, the wait), CPU wait, CPU
 parts the layers computed themselves (by cause), predicted-query cosine, and the
 engine's current page usage.
 """
@@ -18,7 +19,7 @@ import torch
 from scout_sglang.core.cpu_handoff import FALLBACK_CAUSES
 
 COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes",
-            "withheld_blocks", "backed_off_rows", "recall_rows")
+            "withheld_blocks", "backed_off_rows", "recall_rows", "zero_copy_blocks", "cpu_bytes", "zero_copy_bytes")
 RECENT = 64  # telemetry collections the "recall" section looks back over (one per step, or per 0.5 s replayed)
 
 
@@ -82,6 +83,7 @@ class ServingStats:
             "recalled_blocks": self.counters["recalled_blocks"],
             "recall_mib": round(self.counters["recall_bytes"] / 2**20, 3),
             "recall": self.recall_report(),
+            "cpu_split": self.split_report(),
             "cpu_wait_ms": round(1e3 * self.cpu_wait_s, 3),
             "cpu_fallbacks": dict(self.cpu_fallbacks),
             "cpu_launched_ahead_fraction": (round(self.layers_launched_ahead / self.layers_with_cpu_work, 4)
@@ -99,10 +101,7 @@ class ServingStats:
     def recall_report(self) -> dict:
         """Recall over the recent steps, where an operator sees thrash: the CPU ratio now, the bytes recall moved
         per step against its cap, and the share of rows its brake holds back."""
-        totals = dict.fromkeys(_RECENT_FIELDS, 0)
-        for entry in self.recent:
-            for name, value in entry.items():
-                totals[name] += value
+        totals = self._recent_totals()
         steps = totals["steps"]
         return {
             "recent_steps": steps,
@@ -116,8 +115,34 @@ class ServingStats:
         }
 
 
+    def split_report(self) -> dict:
+        """Where the off-device blocks went over the recent steps (the CPU split, core/cpu_split.py), per step: the
+        bytes the CPU workers read, the bytes the device read from the host store over PCIe (zero-copy) and moved
+        by recall, and the time the device waited for the CPU part."""
+        totals = self._recent_totals()
+        steps = totals["steps"]
+
+        def per_step(value, digits=0):
+            return round(value / steps, digits) if steps else 0
+
+        return {
+            "recent_steps": steps,
+            "cpu_bytes_per_step": per_step(totals["cpu_bytes"]),
+            "zero_copy_bytes_per_step": per_step(totals["zero_copy_bytes"]),
+            "pcie_bytes_per_step": per_step(totals["zero_copy_bytes"] + totals["recall_bytes"]),
+            "cpu_wait_ms_per_step": per_step(1e3 * totals["cpu_wait_s"], 4),
+        }
+
+    def _recent_totals(self) -> dict:
+        totals = dict.fromkeys(_RECENT_FIELDS, 0)
+        for entry in self.recent:
+            for name, value in entry.items():
+                totals[name] += value
+        return totals
+
+
 _RECENT_FIELDS = ("steps", "cpu_blocks", "budget_blocks", "recall_bytes", "recall_cap_bytes", "withheld_blocks",
-                  "backed_off_rows", "recall_rows")
+                  "backed_off_rows", "recall_rows", "cpu_bytes", "zero_copy_bytes", "cpu_wait_s")
 
 
 def _recent_entry(telemetry) -> dict:

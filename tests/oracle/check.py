@@ -45,7 +45,14 @@ class OracleReport:
     withheld_blocks: int = 0  # scout recall candidates the hysteresis kept on the CPU
     capped_blocks: int = 0  # scout recall candidates left for lack of cap (or of victims)
     backed_off_rows: int = 0  # (step, layer, request, head) rows whose recall brake was above level 0
+    zero_copy_blocks: int = 0  # the CPU split's device share
     by_mode: Counter = field(default_factory=Counter)
+
+
+def listed_off_device(decision, b, h) -> list[int]:
+    """The whole CPU list of (request b, KV head h): the workers' share, then (with the CPU split) the device's."""
+    zero_copy = decision.zero_copy_blocks[b][h] if decision.zero_copy_blocks is not None else []
+    return decision.cpu_blocks[b][h] + zero_copy
 
 
 def expects_offloaded(config, layer) -> bool:
@@ -145,6 +152,14 @@ class Oracle:
         assert sorted(device) == sorted(resident + window), f"{where}: device blocks {device}, expected {resident + window}"
         if c.mode in ("scout", "hgca"):
             expected_cpu = policy.cpu_list(selected, set(device), c.cpu_capacity)
+            if decision.cpu_cap is not None:  # the CPU split: the workers' share first, the device's the rest
+                zero_copy = decision.zero_copy_blocks[b][h]
+                workers, rest = reference.split_shares(expected_cpu, decision.cpu_cap[b])
+                assert (cpu, zero_copy) == (workers, rest), (
+                    f"{where}: split {cpu} | {zero_copy}, expected {workers} | {rest} at cap {decision.cpu_cap[b]}")
+                assert not set(cpu) & set(zero_copy), f"{where}: blocks in both shares: {set(cpu) & set(zero_copy)}"
+                self.report.zero_copy_blocks += len(zero_copy)
+                cpu = cpu + zero_copy
             assert cpu == expected_cpu, f"{where}: CPU blocks {cpu}, expected {expected_cpu}"
             assert not set(cpu) & set(device), f"{where}: blocks attended twice: {sorted(set(cpu) & set(device))}"
             if len(cpu) < c.cpu_capacity:
@@ -152,7 +167,7 @@ class Oracle:
             assert set(forced) <= set(device), f"{where}: forced blocks {forced} not all on the device"
         else:
             assert cpu == [], f"{where}: {c.mode} has no CPU part"
-        self.report.cpu_blocks += len(cpu)
+        self.report.cpu_blocks += len(decision.cpu_blocks[b][h])  # the workers' share
 
     def _check_resident(self, decision, b, h, n, selected, scores, where) -> list[int]:
         """Follow the resident row of (request, layer, head) through the step; returns its blocks at attention."""
@@ -184,7 +199,7 @@ class Oracle:
             f"{where}: window blocks in the resident buffer: {now}")
         after = now
         if c.mode == "scout" and decision.selected is not None and c.recall_policy != "off":
-            cpu = decision.cpu_blocks[b][h]
+            cpu = listed_off_device(decision, b, h)
             due = bool(selected) and policy.recall_due(c, layer, decision.step, len(cpu), len(selected))
             caps = policy.recall_caps(c, block_bytes=self.block_bytes, num_layers=self.num_offloaded,
                                       batch_size=len(decision.rids), num_kv_heads=self.shape.num_kv_heads,
@@ -200,7 +215,7 @@ class Oracle:
         assert decision.resident_after[b][h] == after, (
             f"{where}: resident {decision.resident_after[b][h]} after recall, expected {after}")
         recalled = [j for j in after if j not in set(now)]
-        assert set(recalled) <= set(decision.cpu_blocks[b][h]), f"{where}: recall moved non-CPU blocks {recalled}"
+        assert set(recalled) <= set(listed_off_device(decision, b, h)), f"{where}: recall moved non-CPU blocks {recalled}"
         self.report.recalled_blocks += len(recalled)
         self.resident[key] = after
         return blocks
@@ -212,11 +227,16 @@ class Oracle:
             # The CPU part runs with the query it was given: the predicted one where the mode predicts.
             cpu = policy.attend_blocks(q_select, keys, values, decision.cpu_blocks[b], block_size=size, scale=scale)
             o, lse = reference.merge_states(o, lse, *cpu)
+        if decision.zero_copy_blocks is not None and any(decision.zero_copy_blocks[b]):  # same query, on the device
+            zero_copy = policy.attend_blocks(q_select, keys, values, decision.zero_copy_blocks[b], block_size=size,
+                                             scale=scale)
+            o, lse = reference.merge_states(o, lse, *zero_copy)
         if self.config.estimate and self.config.mode != "full":
             heads = range(self.shape.num_kv_heads)
             selected = decision.selected[b] if decision.selected is not None else [[] for _ in heads]
+            zero_copy = decision.zero_copy_blocks[b] if decision.zero_copy_blocks is not None else [[] for _ in heads]
             attended = [set(selected[h]) | set(decision.device_blocks[b][h]) | set(decision.cpu_blocks[b][h])
-                        for h in heads]
+                        | set(zero_copy[h]) for h in heads]
             blocks = [policy.unattended(decision.num_tokens[b] // size, held) for held in attended]
             o, lse = reference.merge_states(o, lse, *policy.estimate(q_real, keys, values, blocks, block_size=size,
                                                                      scale=scale))

@@ -180,9 +180,22 @@ class PolicyEngine:
             decision.selected.append(selected)
             decision.scores.append(scores)
             decision.cpu_blocks.append(cpu)
-            decision.cpu_out.append(policy.attend_blocks(q[b], self.keys[key], self.values[key], cpu,
-                                                         block_size=c.block_size, scale=self.shape.softmax_scale))
+            decision.cpu_out.append(self._off_device_part(q[b], key, cpu))
         return decision
+
+    def _off_device_part(self, q, key, cpu):
+        """(o, lse) of the CPU list: the workers' part; with a fixed CPU split, the workers' share (the list's first
+        round(share x capacity) entries) merged with the device's zero-copy share (the rest)."""
+        c, size, scale = self.config, self.config.block_size, self.shape.softmax_scale
+        share = c.cpu_split_share
+        if share is None:
+            return policy.attend_blocks(q, self.keys[key], self.values[key], cpu, block_size=size, scale=scale)
+        shares = [reference.split_shares(blocks, round(share * c.cpu_capacity)) for blocks in cpu]
+        workers = policy.attend_blocks(q, self.keys[key], self.values[key], [w for w, _ in shares], block_size=size,
+                                       scale=scale)
+        zero_copy = policy.attend_blocks(q, self.keys[key], self.values[key], [z for _, z in shares], block_size=size,
+                                         scale=scale)
+        return reference.merge_states(*workers, *zero_copy)
 
     def _device_blocks(self, layer, b, rid, decision):
         """[Hkv] blocks the device part attends: the resident ones (infinigen: those selected), then the window."""

@@ -43,11 +43,11 @@ MUTANTS_DIR = ROOT / "tests" / "mutants"
 # The fast engine tests: between them they cover every decision of a decode step (torch path). The ops' own tests
 # first: a run stops at its first failure, and they take seconds where the engine's take a minute.
 FAST_TESTS = (
+    "tests/test_stage_split.py",
     "tests/test_kernels_merge.py",
     "tests/test_kernels_estimate.py",
     "tests/test_kernels_selection.py",
     "tests/test_stage_append.py",
-    "tests/test_stage_split.py",
     "tests/test_recall_brake.py",
     "tests/test_stage_recall.py",
     "tests/test_shared_prefix.py",

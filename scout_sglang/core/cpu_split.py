@@ -14,7 +14,7 @@ step plan, never a shape, so a captured graph replays every cap.
     auto     from the telemetry read once per step, per layer: the listed bytes B, the window W (the ring-to-wait
              time) and the wait; the workers' rate c, a moving estimate from the steps the device waited (the part
              then took W + wait) and a lower bound B_cpu / W from the ones it did not; the zero-copy rate p, the
-             configured link rate. The workers' share of the bytes:
+             configured link rate less the share recall may take of it (they share the link). The workers' share of the bytes:
                  s = 1                          while B / c fits in W (no zero-copy read at all)
                  s = max(c W / B, c / (c + p))  else: what fits in the window, and never less than the share that
                                                 balances both paths when neither fits

@@ -171,7 +171,8 @@ class CoAttentionEngine:
         self.cpu_worker = self._make_worker(cpu_faults, cores) if self._own_worker else (cpu_worker or None)
         self.cpu_split = CpuSplit(config.cpu_split, layers=self.offloaded_layers, capacity=config.cpu_capacity,
                                   block_bytes=self.offloaded.block_bytes_per_head(self.offloaded_layers[0]),
-                                  link_gbs=config.recall_link_gbps,
+                                  # the link's rate less the share recall may take of it: the two share it
+                                  link_gbs=config.recall_link_gbps * (1.0 - config.recall_link_share),
                                   workers=self.cpu_worker is not None) if splits else None
         self.handoff = None
         if config.mode in CPU_MODES and self.offloaded_layers:

@@ -261,6 +261,21 @@ def test_sparse_decode_gate_attends_only_when_nonzero(ops, num_splits):
             _check_decode(o, lse, q, k, v, table, counts, last)
 
 
+@pytest.mark.parametrize("programs", [1, 3])
+def test_sparse_decode_on_a_bounded_number_of_programs_walks_every_list(ops, programs):
+    """The CPU split's zero-copy decode: `programs` programs (fewer than the B x Hkv lists) walk the lists in turn
+    and write every one, empty lists included, as the one-program-per-list launch does."""
+    dtype, head_dim = torch.float32, 64
+    k, v = _cache(12, head_dim, dtype, seed=11)
+    table, counts, last = _lists_for_tokens([[40, 7], [0, 33], [18, 64]], num_pages=12, capacity=4, seed=11)
+    q = _query(3, NUM_KV_HEADS * 2, head_dim, dtype, seed=11)
+    o = torch.full((3, NUM_KV_HEADS * 2, head_dim), float("nan"), dtype=dtype, device=TRITON_DEVICE)
+    lse = torch.full((3, NUM_KV_HEADS * 2), float("nan"), device=TRITON_DEVICE)
+    ops.sparse_decode_triton(q, k, v, table, counts, last, o, lse, scale=head_dim**-0.5, num_splits=1,
+                             programs=programs)
+    _check_decode(o, lse, q, k, v, table, counts, last)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_split_list_then_merge_equals_whole(ops, dtype):
     head_dim, group_size, split_at = 64, 4, 3

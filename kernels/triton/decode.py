@@ -53,7 +53,10 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
 
 
 @triton.jit
-def _sparse_decode_split_kernel(
+def _attend_slice(
+    batch,
+    kv_head,
+    split,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -97,12 +100,7 @@ def _sparse_decode_split_kernel(
     SPLIT_P: tl.constexpr,
     GATED: tl.constexpr,
 ):
-    # grid: (B, Hkv, num_splits); one program = the G query heads of one KV
-    # head over one slice of that head's block list.
-    batch = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
+    # The G query heads of one KV head over one slice of that head's block list.
     count = tl.load(counts_ptr + batch * stride_counts_batch + kv_head * stride_counts_head)
     if GATED:  # attend only when the gate word is nonzero; else every list counts as empty
         count = tl.where(tl.load(gate_ptr) != 0, count, 0)
@@ -195,6 +193,66 @@ def _sparse_decode_split_kernel(
         lse,
         mask=mask_g,
     )
+
+
+
+
+@triton.jit
+def _sparse_decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    block_table_ptr,
+    counts_ptr,
+    last_block_len_ptr,
+    gate_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    stride_q_batch,
+    stride_q_head,
+    stride_k_page,
+    stride_k_head,
+    stride_k_tok,
+    stride_v_page,
+    stride_v_head,
+    stride_v_tok,
+    stride_bt_batch,
+    stride_bt_head,
+    stride_counts_batch,
+    stride_counts_head,
+    stride_last_batch,
+    stride_last_head,
+    stride_po_batch,
+    stride_po_head,
+    stride_po_split,
+    stride_pl_batch,
+    stride_pl_head,
+    stride_pl_split,
+    scale_log2,
+    blocks_per_split,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HAS_LAST_BLOCK_LEN: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    SPLIT_P: tl.constexpr,
+    GATED: tl.constexpr,
+    num_kv_heads,
+    num_items,
+    PROGRAMS: tl.constexpr,
+):
+    # grid: (B, Hkv, num_splits), one program per slice; or, with PROGRAMS (one split), PROGRAMS programs
+    # that walk the B x Hkv lists in turn: a bounded share of the SMs (the zero-copy share, whose reads
+    # wait on PCIe, beside the layer's own work on the other stream).
+    if PROGRAMS == 0:
+        _attend_slice(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, v_ptr, block_table_ptr, counts_ptr, last_block_len_ptr, gate_ptr, part_o_ptr, part_lse_ptr, stride_q_batch, stride_q_head, stride_k_page, stride_k_head, stride_k_tok, stride_v_page, stride_v_head, stride_v_tok, stride_bt_batch, stride_bt_head, stride_counts_batch, stride_counts_head, stride_last_batch, stride_last_head, stride_po_batch, stride_po_head, stride_po_split, stride_pl_batch, stride_pl_head, stride_pl_split, scale_log2, blocks_per_split, GROUP_SIZE, HEAD_DIM, BLOCK_SIZE, HAS_LAST_BLOCK_LEN, BLOCK_G, BLOCK_T, BLOCK_D, DOT_PRECISION, DOT_IN_FP32, SPLIT_P, GATED)
+    else:
+        for item in range(tl.program_id(0), num_items, PROGRAMS):
+            _attend_slice(item // num_kv_heads, item % num_kv_heads, 0, q_ptr, k_ptr, v_ptr, block_table_ptr, counts_ptr, last_block_len_ptr, gate_ptr, part_o_ptr, part_lse_ptr, stride_q_batch, stride_q_head, stride_k_page, stride_k_head, stride_k_tok, stride_v_page, stride_v_head, stride_v_tok, stride_bt_batch, stride_bt_head, stride_counts_batch, stride_counts_head, stride_last_batch, stride_last_head, stride_po_batch, stride_po_head, stride_po_split, stride_pl_batch, stride_pl_head, stride_pl_split, scale_log2, blocks_per_split, GROUP_SIZE, HEAD_DIM, BLOCK_SIZE, HAS_LAST_BLOCK_LEN, BLOCK_G, BLOCK_T, BLOCK_D, DOT_PRECISION, DOT_IN_FP32, SPLIT_P, GATED)
 
 
 @triton.jit
@@ -313,6 +371,7 @@ def sparse_decode_triton(
     num_splits: int | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     gate: torch.Tensor | None = None,
+    programs: int | None = None,
 ) -> None:
     """Decode attention of one query token per request over per-head page lists.
 
@@ -340,6 +399,8 @@ def sparse_decode_triton(
     gate : optional one-element int32 tensor: attend only when it is nonzero,
         else write the results of empty lists (the CPU part's fallback, gated by
         the layer's hand-off status without a host read)
+    programs : with one split, at most this many programs, each walking (row, KV head) lists in turn (a bounded
+        number of SMs); None: one program per list and split
     """
     batch_size, num_qo_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
@@ -366,7 +427,9 @@ def sparse_decode_triton(
     if num_splits > 1:
         po_strides, pl_strides = part_o.stride()[:3], part_lse.stride()[:3]
 
-    _sparse_decode_split_kernel[(batch_size, num_kv_heads, num_splits)](
+    bounded = programs is not None and num_splits == 1 and programs < batch_size * num_kv_heads
+    grid = (programs, 1, 1) if bounded else (batch_size, num_kv_heads, num_splits)
+    _sparse_decode_split_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -406,6 +469,9 @@ def sparse_decode_triton(
         DOT_IN_FP32=_interpreter_needs_fp32_dot(q),
         SPLIT_P=v_cache.dtype != torch.float32,
         GATED=gate is not None,
+        num_kv_heads=num_kv_heads,
+        num_items=batch_size * num_kv_heads,
+        PROGRAMS=programs if bounded else 0,
         # fp32 tiles (no tensor cores) spilled registers with 4 warps.
         num_warps=8 if q.dtype == torch.float32 else 4,
     )

@@ -44,6 +44,10 @@ from scout_sglang.kernels.stage_select import select_blocks
 from scout_sglang.kernels.stage_split import split_lists
 
 RESIDENT_MODES = ("scout", "infinigen")
+# Programs of the CPU split's zero-copy decode, each walking (row, KV head) lists in turn: its reads wait on PCIe,
+# so a few programs keep the link busy while the layer's own kernels keep the other SMs (not yet tuned on a GPU:
+# bench_zero_copy.py measures the rate at this bound).
+ZERO_COPY_PROGRAMS = 32
 CPU_MODES = ("scout", "hgca")
 
 
@@ -111,11 +115,12 @@ class LayerStages:
         rows = plan.rows
         q, pages, counts = handoff.q[layer][:rows], chosen.zero_copy_pages[:rows], chosen.zero_copy_counts[:rows]
         host_k, host_v = self.offloaded.host_k[layer], self.offloaded.host_v[layer]
-        if handoff.kernels:  # one split: B x Hkv programs and no workspace, apart from the main stream's
+        if handoff.kernels:  # one split (no workspace, apart from the main stream's) on a bounded number of SMs
             from scout_sglang.kernels.triton.decode import sparse_decode_triton
 
             sparse_decode_triton(q, host_k, host_v, pages, counts, None, chosen.zero_copy_o[:rows],
-                                 chosen.zero_copy_lse[:rows], scale=self.scale, num_splits=1)
+                                 chosen.zero_copy_lse[:rows], scale=self.scale, num_splits=1,
+                                 programs=ZERO_COPY_PROGRAMS)
             return
         o, lse = attend_listed_host_blocks(q, host_k, host_v, pages, counts, scale=self.scale,
                                            device=self.engine.device, impl=handoff.impl)

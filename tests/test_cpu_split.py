@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from support import requires_cuda
+
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.cpu_split import CpuSplit, workers_share
 from scout_sglang.core.engine import CoAttentionEngine
@@ -106,5 +108,18 @@ def test_an_engine_with_a_slow_worker_moves_blocks_to_the_zero_copy_share():
         assert totals[-1].zero_copy_blocks > 0, [t.zero_copy_blocks for t in totals]
         assert min(engine.cpu_split.step_caps()) < config.cpu_capacity
         assert not any(step.cpu_fallbacks for step in steps)  # slow, never late: the deadline is 2 s
+    finally:
+        engine.close()
+
+
+@requires_cuda
+def test_on_a_gpu_auto_times_the_zero_copy_reads_once_at_start_up():
+    shape = ModelShape(num_layers=2, num_qo_heads=8, num_kv_heads=2, head_dim=64)
+    config = ScoutConfig(mode="scout", block_size=16, token_budget=256, cpu_groups=1, cpu_split="auto")
+    engine = CoAttentionEngine(config, shape, device="cuda", dtype=torch.bfloat16, max_requests=8,
+                               max_tokens_per_request=4096)
+    try:
+        split = engine.cpu_split.describe()
+        assert split["link_source"] == "calibrated at start-up" and split["link_gbs"] > 1.0, split
     finally:
         engine.close()

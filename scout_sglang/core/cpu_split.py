@@ -14,7 +14,8 @@ step plan, never a shape, so a captured graph replays every cap.
     auto     from the telemetry read once per step, per layer: the listed bytes B, the window W (the ring-to-wait
              time) and the wait; the workers' rate c, a moving estimate from the steps the device waited (the part
              then took W + wait) and a lower bound B_cpu / W from the ones it did not; the zero-copy rate p, the
-             configured link rate less the share recall may take of it (they share the link). The workers' share of the bytes:
+             link rate less the share recall may take of it (they share the link): on CUDA timed once at
+             start-up (zero_copy_rate.py), elsewhere the configured recall_link_gbps. The workers' share of the bytes:
                  s = 1                          while B / c fits in W (no zero-copy read at all)
                  s = max(c W / B, c / (c + p))  else: what fits in the window, and never less than the share that
                                                 balances both paths when neither fits
@@ -44,13 +45,13 @@ class CpuSplit:
     layers : the offloaded layers with a CPU part, in order
     capacity : C, the CPU list's capacity per (row, KV head)
     block_bytes : K + V bytes of one block of one KV head
-    link_gbs : the zero-copy read rate assumed, GB/s
+    link_gbs : the zero-copy read rate assumed, GB/s; link_source : where it comes from (said by describe())
     workers : whether a CPU worker takes parts at all
     """
 
     def __init__(self, setting: str, *, layers, capacity: int, block_bytes: int, link_gbs: float,
-                 workers: bool = True):
-        self.layers, self.workers = tuple(layers), workers
+                 link_source: str = "configured", workers: bool = True):
+        self.layers, self.workers, self.link_source = tuple(layers), workers, link_source
         self.capacity, self.block_bytes, self.link_bps = capacity, block_bytes, link_gbs * 1e9
         self.share = None if setting == "auto" else float(setting)
         cap = self.capacity if self.share is None else round(self.share * capacity)
@@ -95,7 +96,7 @@ class CpuSplit:
     def describe(self) -> dict:
         return {"setting": "auto" if self.share is None else self.share, "source": self.source,
                 "caps": dict(self.caps), "cpu_gbs": {layer: round(rate / 1e9, 2) for layer, rate in self.cpu_bps.items()},
-                "link_gbs": self.link_bps / 1e9}
+                "link_gbs": round(self.link_bps / 1e9, 2), "link_source": self.link_source}
 
 
 def workers_share(listed_bytes: float, window_s: float, cpu_bps: float, link_bps: float) -> float:

@@ -169,11 +169,7 @@ class CoAttentionEngine:
         self._own_worker = cpu_worker is None and config.mode in CPU_MODES and bool(self.offloaded_layers)
         self.cores = None  # the core plan applied, when this engine made its worker
         self.cpu_worker = self._make_worker(cpu_faults, cores) if self._own_worker else (cpu_worker or None)
-        self.cpu_split = CpuSplit(config.cpu_split, layers=self.offloaded_layers, capacity=config.cpu_capacity,
-                                  block_bytes=self.offloaded.block_bytes_per_head(self.offloaded_layers[0]),
-                                  # the link's rate less the share recall may take of it: the two share it
-                                  link_gbs=config.recall_link_gbps * (1.0 - config.recall_link_share),
-                                  workers=self.cpu_worker is not None) if splits else None
+        self.cpu_split = self._make_cpu_split() if splits else None
         self.handoff = None
         if config.mode in CPU_MODES and self.offloaded_layers:
             self.handoff = CpuHandoff(self.offloaded_layers, max_batch=max_requests, num_qo_heads=shape.num_qo_heads,
@@ -207,6 +203,25 @@ class CoAttentionEngine:
         self._step_index = 0
         self._seq = 0
         self.trace: DecisionTrace | None = DecisionTrace() if trace else None
+
+    def _make_cpu_split(self) -> CpuSplit:
+        """The CPU split's caps (cpu_split.py). auto on CUDA: the device's zero-copy read rate timed once here
+        (zero_copy_rate.py); elsewhere, and for a fixed share, the configured recall_link_gbps. Either way less the
+        share recall may take of the link: the two share it."""
+        config, layer = self.config, self.offloaded_layers[0]
+        link_gbs, source = config.recall_link_gbps, "configured (recall_link_gbps)"
+        if self.device.type == "cuda" and config.cpu_split == "auto":
+            from scout_sglang.core.layer_stages import ZERO_COPY_PROGRAMS
+            from scout_sglang.core.zero_copy_rate import calibrate_zero_copy_gbs
+
+            link_gbs = calibrate_zero_copy_gbs(self.offloaded.host_k[layer], self.offloaded.host_v[layer],
+                                               rows=self.max_requests, num_qo_heads=self.shape.num_qo_heads,
+                                               capacity=config.cpu_capacity, programs=ZERO_COPY_PROGRAMS)
+            source = "calibrated at start-up"
+        return CpuSplit(config.cpu_split, layers=self.offloaded_layers, capacity=config.cpu_capacity,
+                        block_bytes=self.offloaded.block_bytes_per_head(layer),
+                        link_gbs=link_gbs * (1.0 - config.recall_link_share), link_source=source,
+                        workers=self.cpu_worker is not None)
 
     def _decode_workspace(self, window: int) -> torch.Tensor | None:
         """The Triton decode's split partials, one static buffer for every layer (None where torch decodes)."""

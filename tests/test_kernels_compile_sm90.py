@@ -16,8 +16,12 @@ pytestmark = [requires_triton, pytest.mark.slow]
 
 INDEX_POINTERS = ("page_ids_ptr", "rows_ptr", "pages_ptr", "offsets_ptr", "digest_rows_ptr", "host_rows_ptr",
                   "table_ptr", "num_full_ptr", "selected_ptr", "counts_ptr", "resident_ptr", "slots_ptr",
-                  "status_ptr")
-FP32_POINTERS = ("part_ptr", "lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr")
+                  "status_ptr", "block_table_ptr", "last_block_len_ptr", "gate_ptr", "forced_ptr",
+                  "window_pages_ptr", "resident_pages_ptr", "host_table_ptr", "dev_pages_ptr", "dev_counts_ptr",
+                  "cpu_blocks_ptr", "cpu_pages_ptr", "cpu_counts_ptr", "cap_ptr", "zc_pages_ptr", "zc_counts_ptr",
+                  "listed_ptr", "counters_ptr")
+FP32_POINTERS = ("part_ptr", "lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr",
+                 "zc_o_ptr", "zc_lse_ptr", "part_o_ptr", "part_lse_ptr")
 FP32_SCALARS = ("scale", "scale_log2", "log_block_size")
 
 
@@ -55,9 +59,30 @@ def compile_all() -> dict:
     config = _config(4, 128, 32, 4)
     for splits in (1, 16):  # the walk in the merge's program; the merge of 16 slices' partials
         ptx[f"estimate/{splits}"] = compile_for_hopper(_estimate_merge_kernel, dict(
-            config, NUM_QO_HEADS=32, SPLITS=splits, CPU_PART=True, WRITE_LSE=True))
+            config, NUM_QO_HEADS=32, SPLITS=splits, CPU_PART=True, WRITE_LSE=True, ZERO_COPY=False))
     ptx["estimate/partials"] = compile_for_hopper(_estimate_partials_kernel, dict(
         config, NUM_QO_HEADS=32, SPLITS=16, SLICE=128))
+    ptx |= compile_cpu_split()
+    return ptx
+
+
+def compile_cpu_split() -> dict:
+    """The CPU split's kernels: the split stage with its cap, the zero-copy decode on a bounded number of programs
+    (and the one-program-per-list decode beside it), and both merges with the zero-copy share as a third side."""
+    from scout_sglang.kernels.triton.decode import _sparse_decode_split_kernel
+    from scout_sglang.kernels.triton.estimate import _config, _estimate_merge_kernel
+    from scout_sglang.kernels.triton.handoff import _merge_cpu_part_kernel
+    from scout_sglang.kernels.triton.stage_split import _config as split_config, _split_lists_kernel
+
+    ptx = {"split/cap": compile_for_hopper(_split_lists_kernel, split_config(64, 3, 64, 64, False, True, True, 4, 128))}
+    decode = dict(GROUP_SIZE=4, HEAD_DIM=128, BLOCK_SIZE=16, HAS_LAST_BLOCK_LEN=False, BLOCK_G=16, BLOCK_T=32,
+                  BLOCK_D=128, DOT_PRECISION=None, DOT_IN_FP32=False, SPLIT_P=True, GATED=False)
+    for programs in (0, 32):
+        ptx[f"decode/{programs}"] = compile_for_hopper(_sparse_decode_split_kernel, dict(decode, PROGRAMS=programs))
+    ptx["merge/zero_copy"] = compile_for_hopper(_merge_cpu_part_kernel, dict(HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128,
+                                                                             ZERO_COPY=True))
+    ptx["estimate/zero_copy"] = compile_for_hopper(_estimate_merge_kernel, dict(
+        _config(4, 128, 32, 4), NUM_QO_HEADS=32, SPLITS=1, CPU_PART=True, WRITE_LSE=True, ZERO_COPY=True))
     return ptx
 
 
@@ -85,6 +110,15 @@ def test_the_estimate_kernels_compile_walked_whole_and_in_slices(ptx):
     # of slices reads partials alone.
     walks = {name: "value_summary.py" in ptx[name] for name in ("estimate/1", "estimate/16", "estimate/partials")}
     assert walks == {"estimate/1": True, "estimate/16": False, "estimate/partials": True}
+
+
+def test_the_cpu_splits_kernels_compile(ptx):
+    names = ("split/cap", "decode/0", "decode/32", "merge/zero_copy", "estimate/zero_copy")
+    for name in names:
+        assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
+    # The bounded decode loops over lists: a branch back that the one-program-per-list decode does not need more
+    # of (its only loops walk the list's tokens).
+    assert ptx["decode/32"].count("bra") > ptx["decode/0"].count("bra")
 
 
 if __name__ == "__main__":

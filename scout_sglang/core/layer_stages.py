@@ -35,6 +35,7 @@ import torch
 
 from scout_sglang import kernels
 from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
+from scout_sglang.core.host_wait import blocking_event
 from scout_sglang.core.launch_program import LaunchPrograms
 from scout_sglang.kernels.estimate import UnattendedBlocks, merge_with_estimate
 from scout_sglang.kernels.recall_brake import RecallBrake
@@ -75,7 +76,7 @@ class LayerStages:
         self.programs = LaunchPrograms() if triton and engine.replay_launches else None
         if self.splits and self.on_cuda:  # the zero-copy share's stream, and its end per layer parity
             self.side_stream = torch.cuda.Stream(device=engine.device)
-            self.zero_copy_done = [torch.cuda.Event(), torch.cuda.Event()]
+            self.zero_copy_done = [blocking_event(), blocking_event()]  # waited on by the device, never the host
 
     # -- offloaded layers ----------------------------------------------------------------
     def front(self, layer: int, q: torch.Tensor, *, trace=None) -> None:

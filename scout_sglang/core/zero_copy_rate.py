@@ -33,7 +33,8 @@ def calibrate_zero_copy_gbs(host_k: torch.Tensor, host_v: torch.Tensor, *, rows:
                              programs=programs)
 
     read()  # compiles
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # timed, and blocking: the host sleeps in end.synchronize() instead of spinning (host_wait.py)
+    start, end = (torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(2))
     start.record()
     for _ in range(CALIBRATION_REPEATS):
         read()

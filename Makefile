@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt scripts/setup_env.sh scripts/s
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -P -m pytest -q tests
+	$(PY) -P -m pytest -q --durations=25 tests
 
 # Each patch in tests/mutants breaks one thing that matters (the CPU part not
 # merged, the window off by one, ...); the fast engine tests must fail on every

@@ -104,7 +104,8 @@ def _score_blocks_torch(q, digest_min, digest_max, block_table, num_blocks, grou
     batch_size, num_qo_heads, head_dim = q.shape
     num_kv_heads = digest_min.shape[1]
     group_size = num_qo_heads // num_kv_heads
-    pages = block_table.clamp(min=0).long()  # padding reads page 0, masked below
+    pages = block_table.long()  # padding reads page 0 (masked below); so does a page outside the store (stage_split)
+    pages = torch.where((pages >= 0) & (pages < digest_min.shape[0]), pages, 0)
     kmin = digest_min.index_select(0, pages.flatten()).float()
     kmax = digest_max.index_select(0, pages.flatten()).float()
     max_blocks = block_table.shape[1]

@@ -13,6 +13,10 @@ staging, on the CPU a fixed sequence of torch ops.
     split:       with a CPU cap (the plan's, per row), the CPU list's first `cap` entries stay the workers'
                  host pages; the rest go, in order, to the zero-copy list [B, Hkv, C] that the device reads
                  from the host store itself; every listed block is in exactly one of the two
+    page check:  a listed block whose host page lies outside [0, num_host_pages) (a corrupt or stale page
+                 table) is counted in BAD_PAGES and listed as page 0, so neither the workers, the
+                 fallback nor the zero-copy reads ever leave the store; the engine names it at its next
+                 counter read and the request is aborted (its row's output is wrong from then on)
 
 The CPU list is what reference.split_selection returns for the selection and
 the blocks the device holds; the tests compare both paths with it.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import torch
 from scout_sglang.kernels.checks import check_shape, check_tensor
 from scout_sglang.kernels.dispatch import select_impl
-from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
+from scout_sglang.kernels.step_counters import BAD_PAGES, CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -37,7 +41,8 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
                 q: torch.Tensor | None = None, out_q: torch.Tensor | None = None,
                 cpu_cap: torch.Tensor | None = None, out_zero_copy_pages: torch.Tensor | None = None,
                 out_zero_copy_counts: torch.Tensor | None = None, out_listed_counts: torch.Tensor | None = None,
-                counters: torch.Tensor | None = None, impl: str | None = None, validate: bool = True) -> None:
+                num_host_pages: int | None = None, counters: torch.Tensor | None = None, impl: str | None = None,
+                validate: bool = True) -> None:
     """Write a layer's device list, and (CPU modes) its CPU list and staged query.
 
     Parameters
@@ -56,7 +61,8 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
         part): [B] int32 CPU-list entries per (row, KV head) the workers take (the plan's column of the layer),
         [B, Hkv, C] int32 host pages the device reads itself, PAD past their [B, Hkv] int32 counts, and [B, Hkv]
         int32 entries of the whole list (out_cpu_blocks holds them all; out_cpu_counts the workers' share)
-    counters : optional [NUM_COUNTERS] int32 row; CPU, ZERO_COPY and DROPPED are added
+    num_host_pages : with the CPU part, the host store's pages: the page check's bound (None: no check)
+    counters : optional [NUM_COUNTERS] int32 row; CPU, ZERO_COPY, DROPPED and BAD_PAGES are added
     validate : check the arguments (the decode step checks its static buffers once and passes False)
     """
     if validate:
@@ -74,7 +80,7 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
                            out_cpu_pages=out_cpu_pages, out_cpu_counts=out_cpu_counts, q=q, out_q=out_q,
                            cpu_cap=cpu_cap, out_zero_copy_pages=out_zero_copy_pages,
                            out_zero_copy_counts=out_zero_copy_counts, out_listed_counts=out_listed_counts,
-                           counters=counters)
+                           num_host_pages=num_host_pages, counters=counters)
         return
     batch_size, num_kv_heads, topk = selected.shape
     valid = torch.arange(topk, device=selected.device) < counts.unsqueeze(-1)
@@ -99,6 +105,10 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
     keep = valid & ~contains(selected, held)
     blocks, listed, wanted = compact_rows(selected, keep, capacity)
     host = host_table.gather(1, blocks.clamp(min=0).view(batch_size, -1).long()).view_as(blocks)
+    bad = None
+    if num_host_pages is not None:
+        bad = (blocks != PAD_BLOCK) & ((host < 0) | (host >= num_host_pages))
+        host = torch.where(bad, 0, host)
     pages = torch.where(blocks != PAD_BLOCK, host, PAD_BLOCK)
     out_cpu_blocks.copy_(blocks)
     cpu_counts, zero_copy = listed, None
@@ -119,6 +129,8 @@ def split_lists(selected: torch.Tensor, counts: torch.Tensor, *, forced_blocks: 
         counters[DROPPED] += (wanted - listed).sum(dtype=torch.int32)
         if zero_copy is not None:
             counters[ZERO_COPY] += zero_copy.sum(dtype=torch.int32)
+        if bad is not None:
+            counters[BAD_PAGES] += bad.sum(dtype=torch.int32)
 
 
 def contains(values: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ the CPU); the engine reads the whole [layers, NUM_COUNTERS] tensor once, in
 end_step, and zeroes it.
 """
 
-SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED, WITHHELD, BACKED_OFF, ZERO_COPY = range(9)
-NUM_COUNTERS = 9
+SELECTED, CPU, DROPPED, RECALLED, CHANGED, COMPARED, WITHHELD, BACKED_OFF, ZERO_COPY, BAD_PAGES = range(10)
+NUM_COUNTERS = 10
 COUNTER_NAMES = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks", "changed_blocks",
-                 "compared_blocks", "withheld_blocks", "backed_off_rows", "zero_copy_blocks")
+                 "compared_blocks", "withheld_blocks", "backed_off_rows", "zero_copy_blocks",
+                 "bad_pages")

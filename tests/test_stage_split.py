@@ -7,7 +7,7 @@ from support import TRITON_DEVICE, requires_triton
 
 from scout_sglang import reference
 from scout_sglang.kernels.stage_split import split_lists
-from scout_sglang.kernels.step_counters import CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
+from scout_sglang.kernels.step_counters import BAD_PAGES, CPU, DROPPED, NUM_COUNTERS, ZERO_COPY
 from scout_sglang.layout import PAD_BLOCK
 
 IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.triton_interpret])]
@@ -39,7 +39,7 @@ def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0):
                 resident=rows, resident_pages=resident_pages, host_table=host_table, q=q)
 
 
-def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True, caps=None):
+def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True, caps=None, num_host_pages=None):
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     d = {k: v.to(device) for k, v in c.items()}
     batch, heads, _ = c["selected"].shape
@@ -55,7 +55,7 @@ def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True,
     resident = dict(resident=d["resident"], slots=d["slots"], resident_pages=d["resident_pages"]) if with_resident else {}
     cpu_part = dict(host_table=d["host_table"], capacity=capacity, out_cpu_blocks=out["cpu_blocks"],
                     out_cpu_pages=out["cpu_pages"], out_cpu_counts=out["cpu_counts"], q=d["q"], out_q=out["q"],
-                    counters=out["counters"]) if cpu else {}
+                    num_host_pages=num_host_pages, counters=out["counters"]) if cpu else {}
     if caps is not None:  # the CPU split: the workers' share per row, the rest to the zero-copy list
         out |= dict(zero_copy_pages=torch.full((batch, heads, capacity), 77, dtype=torch.int32, device=device),
                     zero_copy_counts=torch.full((batch, heads), 77, dtype=torch.int32, device=device),
@@ -156,6 +156,29 @@ def test_the_cpu_split_gives_every_listed_block_to_exactly_one_share(impl, caps)
     assert out["counters"][CPU] == out["cpu_counts"].sum() and out["counters"][DROPPED] == dropped
     assert out["counters"][ZERO_COPY] == out["zero_copy_counts"].sum()
     assert out["counters"][CPU] + out["counters"][ZERO_COPY] == out["listed_counts"].sum() > 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_host_page_outside_the_store_is_counted_and_listed_as_page_0_in_either_share(impl):
+    """A corrupt page table (a page past the store, a PAD entry of a block past the allocation) never reaches a
+    reader: the entry stays in its share, as page 0, and BAD_PAGES counts it; every other entry is unchanged."""
+    c = case(seed=2)
+    num_host_pages = int(c["host_table"].max()) + 1
+    clean = run(impl, c, capacity=6, caps=[1, 1, 1, 1], num_host_pages=num_host_pages)
+    workers_block, zero_copy_block = int(clean["cpu_blocks"][0, 0, 0]), int(clean["cpu_blocks"][0, 0, 1])
+    c["host_table"][0, workers_block] = num_host_pages  # one past the store, in the workers' share
+    c["host_table"][0, zero_copy_block] = PAD_BLOCK  # negative, in the zero-copy share
+    out = run(impl, c, capacity=6, caps=[1, 1, 1, 1], num_host_pages=num_host_pages)
+    assert clean["counters"][BAD_PAGES] == 0
+    bad = sum(int(b) in (workers_block, zero_copy_block)
+              for b in out["cpu_blocks"][0][out["cpu_blocks"][0] != PAD_BLOCK])  # either block may be in both heads
+    assert out["counters"][BAD_PAGES] == bad >= 2
+    assert out["cpu_pages"][0, 0, 0] == 0 and out["zero_copy_pages"][0, 0, 0] == 0
+    for name in ("cpu_pages", "zero_copy_pages"):
+        changed = out[name] != clean[name]
+        assert (out[name][changed] == 0).all() and changed[1:].sum() == 0, name
+    assert torch.equal(out["cpu_counts"], clean["cpu_counts"]) and torch.equal(out["listed_counts"], clean["listed_counts"])
+    assert out["counters"][CPU] == clean["counters"][CPU] and out["counters"][ZERO_COPY] == clean["counters"][ZERO_COPY]
 
 
 def test_a_partial_split_is_refused_by_name():

@@ -39,6 +39,7 @@ def _quest_score_kernel(
     stride_out_batch,
     stride_out_head,
     max_num_blocks,
+    num_pages,
     GROUP_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     GROUP_REDUCE: tl.constexpr,
@@ -57,6 +58,8 @@ def _quest_score_kernel(
     valid = in_row & (offs_n < num_blocks)
     # Pages of entries past num_blocks may be padding (-1): never dereferenced.
     pages = tl.load(block_table_ptr + batch * stride_bt_batch + offs_n, mask=valid, other=0).to(tl.int64)
+    # A page outside the digest store (a corrupt page table: the split stage names it) reads page 0's digest.
+    pages = tl.where((pages >= 0) & (pages < num_pages), pages, 0)
     tile_mask = valid[:, None] & mask_d[None, :]
     k_min = tl.load(
         min_ptr + pages[:, None] * stride_min_page + kv_head * stride_min_head + offs_d[None, :],
@@ -135,6 +138,7 @@ def score_blocks_triton(
         out.stride(0),
         out.stride(1),
         max_num_blocks,
+        digest_min.shape[0],
         GROUP_SIZE=num_qo_heads // num_kv_heads,
         HEAD_DIM=head_dim,
         GROUP_REDUCE=_GROUP_REDUCE[group_reduce],

@@ -9,6 +9,8 @@ selection it writes the two lists a layer attends:
                          holds, capped at C; as logical blocks and as host pages (the hand-off's lists)
     split       (SPLIT)  the row's CPU cap keeps the first entries' host pages for the workers and moves
                          the rest, in order, to the zero-copy list that the device reads itself
+    page check  (CHECK_PAGES) a host page outside [0, num_host_pages) is counted in BAD_PAGES and listed
+                         as page 0, so no reader leaves the store (stage_split.py)
 
 and stages the query rows of the KV head for the CPU worker. Compaction keeps
 the order by placing entry i at its rank among the kept ones (lists.place): no
@@ -21,7 +23,7 @@ import functools
 
 import triton
 import triton.language as tl
-from scout_sglang.kernels.step_counters import CPU, DROPPED, ZERO_COPY
+from scout_sglang.kernels.step_counters import BAD_PAGES, CPU, DROPPED, ZERO_COPY
 from scout_sglang.kernels.triton.lists import contains, place, rank_of
 from scout_sglang.kernels.triton.sizes import or_unused, p2
 
@@ -38,12 +40,13 @@ def _split_lists_kernel(
     stride_dev_batch, stride_dev_head, stride_dev_counts_batch, stride_cpu_blocks_batch, stride_cpu_blocks_head,
     stride_cpu_pages_batch, stride_cpu_pages_head, stride_cpu_counts_batch, stride_q_batch, stride_q_head,
     stride_q_out_batch, stride_q_out_head, stride_cap, stride_zc_batch, stride_zc_head, stride_zc_counts_batch,
-    stride_listed_batch,
+    stride_listed_batch, num_host_pages,
     TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, RESIDENT: tl.constexpr,
     RESIDENT_P2: tl.constexpr, DEVICE_P2: tl.constexpr, CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr,
     HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_SIZE: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr, ZERO_COPY_COL: tl.constexpr,
+    CHECK_PAGES: tl.constexpr, BAD_PAGES_COL: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -92,6 +95,10 @@ def _split_lists_kernel(
         listed = c < num_listed
         blocks = tl.where(listed, place(selected, position, keep & (position < CAPACITY), CAPACITY_P2), PAD)
         pages = tl.load(host_table_ptr + batch * stride_host_batch + blocks, mask=listed, other=PAD)
+        if CHECK_PAGES:  # a corrupt or stale page table: no reader may leave the store
+            bad = listed & ((pages < 0) | (pages >= num_host_pages))
+            pages = tl.where(bad, 0, pages)
+            tl.atomic_add(counters_ptr + BAD_PAGES_COL, tl.sum(bad.to(tl.int32), axis=0))
         tl.store(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head + c, blocks,
                  mask=c < CAPACITY)
         num_cpu = num_listed
@@ -121,18 +128,20 @@ def _split_lists_kernel(
 
 
 @functools.cache
-def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, split, group_size, head_dim):
+def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, split, check_pages, group_size,
+            head_dim):
     return dict(TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width), RESIDENT=num_resident, RESIDENT_P2=p2(num_resident),
                 DEVICE_P2=p2(num_resident + width), CAPACITY=capacity, CAPACITY_P2=p2(capacity),
                 HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists, SPLIT=split,
                 GROUP_SIZE=group_size, GROUP_P2=p2(group_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), PAD=PAD_BLOCK,
-                CPU_COL=CPU, DROPPED_COL=DROPPED, ZERO_COPY_COL=ZERO_COPY)
+                CPU_COL=CPU, DROPPED_COL=DROPPED, ZERO_COPY_COL=ZERO_COPY, CHECK_PAGES=check_pages,
+                BAD_PAGES_COL=BAD_PAGES)
 
 
 def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,
                        only_selected_resident, out_device_pages, out_device_counts, capacity, out_cpu_blocks,
                        out_cpu_pages, out_cpu_counts, q, out_q, counters, cpu_cap=None, out_zero_copy_pages=None,
-                       out_zero_copy_counts=None, out_listed_counts=None) -> None:
+                       out_zero_copy_counts=None, out_listed_counts=None, num_host_pages=None) -> None:
     """Launch the split stage; arguments as stage_split.split_lists (validated there)."""
     batch_size, num_kv_heads, topk = selected.shape
     if batch_size == 0:
@@ -140,8 +149,9 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
     cpu_lists = out_cpu_pages is not None
     num_qo_heads, head_dim = (q.shape[1], q.shape[2]) if cpu_lists else (num_kv_heads, 1)
     split = cpu_cap is not None
+    check_pages = cpu_lists and num_host_pages is not None
     config = _config(topk, window_pages.shape[1], 0 if resident is None else resident.shape[2], capacity,
-                     only_selected_resident, cpu_lists, split, num_qo_heads // num_kv_heads, head_dim)
+                     only_selected_resident, cpu_lists, split, check_pages, num_qo_heads // num_kv_heads, head_dim)
     (resident_pages, s_rp), (host_table, s_ht), (resident, s_res), (slots, s_slots) = (
         or_unused(resident_pages, counts, 1), or_unused(host_table, counts, 1), or_unused(resident, counts, 2),
         or_unused(slots, counts, 1))
@@ -159,4 +169,4 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
         out_zero_copy_counts, out_listed_counts, counters,
         *selected.stride()[:2], counts.stride(0), forced_blocks.stride(0), window_pages.stride(0), *s_rp, *s_ht, *s_res,
         *s_slots, *out_device_pages.stride()[:2], out_device_counts.stride(0), *s_cb, *s_cp, *s_cc, *s_q, *s_oq,
-        *s_cap, *s_zc, *s_zcc, *s_lc, **config)
+        *s_cap, *s_zc, *s_zcc, *s_lc, num_host_pages or 0, **config)

@@ -25,12 +25,14 @@ are always disjoint and together cover the selection.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
 from scout_sglang.config import ScoutConfig
+from scout_sglang.core.bad_pages import name_bad_pages
 from scout_sglang.core.cpu_handoff import CpuHandoff
 from scout_sglang.core.cpu_split import CpuSplit
 from scout_sglang.core.device_tables import DeviceTable, StepTables
@@ -55,10 +57,12 @@ from scout_sglang.core.trace import (
 )
 from scout_sglang.env import DEFAULT_CPU_DEADLINE_MS
 from scout_sglang.kernels.recall_brake import MAX_RUN_POSITION
-from scout_sglang.kernels.step_counters import COUNTER_NAMES
+from scout_sglang.kernels.step_counters import BAD_PAGES, COUNTER_NAMES
 from scout_sglang.layout import PAD_BLOCK
 
 SEQ_LIMIT = 2**31 - 2  # step sequence numbers wrap below int32's range, never 0 (a word's initial value)
+
+logger = logging.getLogger("scout_sglang.core")
 
 
 @dataclass
@@ -651,6 +655,12 @@ class CoAttentionEngine:
                                            wait_s=stats.cpu_wait_s)
             for cause, count in self.handoff.record_outcomes(outcomes, rids or []).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
+            bad = [layer for layer in self.handoff.layers if counters[layer][BAD_PAGES]]
+            if bad:  # an error path: the page check's finds are named from the device's lists
+                telemetry.bad_page_requests = name_bad_pages(self, bad, rids or [])
+                logger.error("scout: %d CPU-list entries of layers %s listed a host page outside the host store "
+                             "(read as page 0) in the last %d steps: %s", sum(counters[l][BAD_PAGES] for l in bad),
+                             bad, telemetry.steps, telemetry.bad_page_requests or "not in the last step's lists")
         self.telemetry = None
         return telemetry
 

@@ -169,6 +169,7 @@ class LayerStages:
                     out_zero_copy_pages=chosen.zero_copy_pages[:rows] if self.splits else None,
                     out_zero_copy_counts=chosen.zero_copy_counts[:rows] if self.splits else None,
                     out_listed_counts=chosen.listed_counts[:rows] if self.splits else None,
+                    num_host_pages=store.host_k[layer].shape[0] if cpu else None,
                     counters=self.buffers.counters[layer], impl=impl, validate=False)
 
     def score(self, layer: int, q: torch.Tensor, store, table: torch.Tensor, scores: torch.Tensor) -> None:

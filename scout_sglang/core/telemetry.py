@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 TOTALLED = ("selected_blocks", "cpu_blocks", "dropped_blocks", "budget_blocks", "recalled_blocks", "recall_bytes",
             "changed_blocks", "compared_blocks", "withheld_blocks", "backed_off_rows", "recall_rows", "zero_copy_blocks",
-            "cpu_bytes", "zero_copy_bytes")
+            "cpu_bytes", "zero_copy_bytes", "bad_pages")
 
 
 @dataclass
@@ -24,6 +24,7 @@ class LayerStats:
     zero_copy_blocks: int = 0  # of those, read by the device from the host store (the CPU split's other share)
     cpu_bytes: int = 0  # K/V bytes the CPU workers read (cpu_blocks x block bytes)
     zero_copy_bytes: int = 0  # K/V bytes the device read from the host store over PCIe
+    bad_pages: int = 0  # CPU-list entries whose host page lay outside the host store (stage_split: read as page 0)
     dropped_blocks: int = 0  # non-resident selected blocks past the CPU list capacity
     budget_blocks: int = 0  # topk_blocks * KV heads * requests: the denominator of the CPU ratio
     recalled_blocks: int = 0  # (block, KV head) pairs copied host -> device by recall
@@ -58,6 +59,7 @@ class StepTelemetry:
     decoded_tokens: int = 0  # requests x steps
     timings: dict[str, float] = field(default_factory=dict)  # device_attention, cpu_attention, cpu_wait, merge, recall, select
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)  # cause -> layers whose CPU part the layer computed
+    bad_page_requests: dict[int, str] = field(default_factory=dict)  # request slot -> the bad host page found in its lists
     recall_cap_bytes: int = 0  # the recall cap of the steps it covers, summed (core/recall_budget.py)
 
     def layer(self, index: int) -> LayerStats:

@@ -324,6 +324,9 @@ class ScoutAttnBackend:
             return
         self.last_telemetry = telemetry
         self.stats.add_step(telemetry)
+        for slot, message in telemetry.bad_page_requests.items():  # a corrupt page table costs its request only
+            if slot in self.engine.requests:
+                self._give_up(slot, None, "decode", message)
         now = time.monotonic()
         if self.metrics is not None and now - self._metrics_updated >= METRICS_INTERVAL_S:
             self._metrics_updated = now  # a report reads the device once and walks the pools: not every step

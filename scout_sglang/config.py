@@ -63,8 +63,9 @@ class ScoutConfig:
     # The CPU split of each layer's CPU list (scout, hgca): "off" gives it all to the CPU workers; "auto" gives them
     # what their measured rate finishes inside the layer's measured window and the rest to the device, which reads
     # those blocks from the page-locked host store itself (zero-copy, over PCIe); a number in [0, 1] gives the
-    # workers that share of the list's capacity, the rest to the device (tests, benchmarks). auto assumes the device
-    # reads at recall_link_gbps less recall's recall_link_share.
+    # workers that share of the list's capacity, the rest to the device (tests, benchmarks). auto starts from the
+    # device's zero-copy rate timed at start-up on CUDA (else recall_link_gbps), less recall's recall_link_share,
+    # then follows the rate the zero-copy reads show while serving.
     cpu_split: str = "off"
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)

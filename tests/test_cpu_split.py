@@ -71,6 +71,23 @@ def test_a_fast_cpu_takes_every_block_again():
     assert caps.step_caps()[0] == CAPACITY
 
 
+def test_the_zero_copy_reads_own_rate_replaces_the_start_up_one_while_serving():
+    caps = split()
+    assert caps.describe()["link_gbs"] == 50.0 and caps.describe()["link_source"] == "configured"
+    blocks = 8 * ROWS  # 1 MiB: at 20 GB/s, 52 us
+    caps.observe(1, cpu_blocks=0, zero_copy_blocks=blocks, rows=ROWS, steps=1, window_s=1e-3, wait_s=0.0,
+                 zero_copy_s=blocks * BLOCK_BYTES / (20 * GBS))
+    assert caps.link_bps == pytest.approx(35 * GBS)  # half way: the moving estimate
+    assert "measured while serving" in caps.describe()["link_source"]
+    for _ in range(20):
+        caps.observe(1, cpu_blocks=0, zero_copy_blocks=blocks, rows=ROWS, steps=1, window_s=1e-3, wait_s=0.0,
+                     zero_copy_s=blocks * BLOCK_BYTES / (20 * GBS))
+    assert caps.link_bps == pytest.approx(20 * GBS, rel=1e-3)
+    # reads shorter than MIN_LINK_SAMPLE_S per step measure latency, not the link: no update
+    caps.observe(1, cpu_blocks=0, zero_copy_blocks=2, rows=ROWS, steps=1, window_s=1e-3, wait_s=0.0, zero_copy_s=1e-6)
+    assert caps.link_bps == pytest.approx(20 * GBS, rel=1e-3)
+
+
 def test_without_a_worker_or_when_the_circuit_bypasses_it_the_device_reads_every_block():
     assert split(workers=False).step_caps() == [0, 0]
     assert split().step_caps(bypass=True) == [0, 0]
@@ -106,6 +123,8 @@ def test_an_engine_with_a_slow_worker_moves_blocks_to_the_zero_copy_share():
         totals = [step.totals() for step in steps]
         assert totals[0].zero_copy_blocks == 0 and totals[0].cpu_blocks > 0  # the start-up default: all to the CPU
         assert totals[-1].zero_copy_blocks > 0, [t.zero_copy_blocks for t in totals]
+        assert totals[-1].zero_copy_s > 0  # the device's reads are timed, and their rate replaces the start-up one
+        assert "measured while serving" in engine.cpu_split.describe()["link_source"]
         assert min(engine.cpu_split.step_caps()) < config.cpu_capacity
         assert not any(step.cpu_fallbacks for step in steps)  # slow, never late: the deadline is 2 s
     finally:

@@ -34,6 +34,8 @@ def compile_for_hopper(kernel, constexprs: dict) -> str:
     def arg_type(name):
         if name in constexprs:
             return "constexpr"
+        if name == "clock_ns_ptr":
+            return "*i64"
         if name.endswith("_ptr"):
             return "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else "*bf16"
         return "fp32" if name in FP32_SCALARS else "i64"
@@ -78,8 +80,9 @@ def compile_cpu_split() -> dict:
     ptx = {"split/cap": compile_for_hopper(_split_lists_kernel, checked_split)}
     decode = dict(GROUP_SIZE=4, HEAD_DIM=128, BLOCK_SIZE=16, HAS_LAST_BLOCK_LEN=False, BLOCK_G=16, BLOCK_T=32,
                   BLOCK_D=128, DOT_PRECISION=None, DOT_IN_FP32=False, SPLIT_P=True, GATED=False)
-    for programs in (0, 32):
-        ptx[f"decode/{programs}"] = compile_for_hopper(_sparse_decode_split_kernel, dict(decode, PROGRAMS=programs))
+    for programs, timed in ((0, False), (32, False), (32, True)):
+        ptx[f"decode/{programs}/{timed}"] = compile_for_hopper(_sparse_decode_split_kernel,
+                                                              dict(decode, PROGRAMS=programs, TIMED=timed))
     ptx["merge/zero_copy"] = compile_for_hopper(_merge_cpu_part_kernel, dict(HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128,
                                                                              ZERO_COPY=True))
     ptx["estimate/zero_copy"] = compile_for_hopper(_estimate_merge_kernel, dict(
@@ -114,12 +117,16 @@ def test_the_estimate_kernels_compile_walked_whole_and_in_slices(ptx):
 
 
 def test_the_cpu_splits_kernels_compile(ptx):
-    names = ("split/cap", "decode/0", "decode/32", "merge/zero_copy", "estimate/zero_copy")
+    names = ("split/cap", "decode/0/False", "decode/32/False", "decode/32/True", "merge/zero_copy",
+             "estimate/zero_copy")
     for name in names:
         assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
     # The bounded decode loops over lists: a branch back that the one-program-per-list decode does not need more
     # of (its only loops walk the list's tokens).
-    assert ptx["decode/32"].count("bra") > ptx["decode/0"].count("bra")
+    assert ptx["decode/32/False"].count("bra") > ptx["decode/0/False"].count("bra")
+    # Timed, it reads the GPU's global timer and adds its time with one atomic; untimed, neither.
+    assert "%globaltimer" in ptx["decode/32/True"] and "atom.global" in ptx["decode/32/True"]
+    assert "%globaltimer" not in ptx["decode/32/False"]
 
 
 if __name__ == "__main__":

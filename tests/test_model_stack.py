@@ -159,6 +159,22 @@ def test_the_headline_batches_for_a_fixed_box():
     assert (scout.max_batch, scout.limit) == (11, "host memory")
 
 
+def test_a_split_row_gives_the_shares_and_the_zero_copy_reads_time_and_rate():
+    """The CPU device, every listed block to the device (share 0): the row says so, with the zero-copy reads' own
+    time (timed by the engine's thread here, by the kernel's clock on CUDA) and the rate from it."""
+    from model_stack.run import StackRun
+
+    run = StackRun(TINY, mode="scout", batch=2, context=96, steps=4, workload="heavy", block_size=8, token_budget=32,
+                   device="cpu", cpu_split="0")
+    try:
+        split = run.measure(3)["split"]
+    finally:
+        run.close()
+    assert split["zero_copy_share"] == 1.0 and split["cpu_mb_per_step"] == 0.0 and split["caps"] == [0, 0]
+    assert split["zero_copy_ms_per_step"] > 0 and split["zero_copy_gbs"] is not None
+    assert split["source"] == "fixed share" and split["link"].startswith("configured")
+
+
 @requires_cuda
 @pytest.mark.parametrize("mode", ["full", "scout"])
 def test_on_a_gpu_the_whole_step_replays_from_one_cuda_graph_like_an_eager_step(mode):

@@ -53,8 +53,9 @@ def test_the_cpu_split_section_gives_bytes_and_the_wait_per_recent_step():
         telemetry = telemetry_of(steps=2, cpu=24, budget=128, recall_bytes=500, cap=2000, backed_off=0, rows=16)
         layer = telemetry.layer(1)
         layer.cpu_bytes, layer.zero_copy_bytes, layer.zero_copy_blocks, layer.cpu_wait_s = 24_000, 40_000, 40, 1e-5
+        layer.zero_copy_s = 3e-5
         stats.add_step(telemetry)
     split = stats.report({})["cpu_split"]
     assert split == {"recent_steps": 128, "cpu_bytes_per_step": 12_000, "zero_copy_bytes_per_step": 20_000,
-                     "pcie_bytes_per_step": 20_250, "cpu_wait_ms_per_step": 0.005}
+                     "pcie_bytes_per_step": 20_250, "cpu_wait_ms_per_step": 0.005, "zero_copy_ms_per_step": 0.015}
     assert stats.report({})["cpu_blocks"] == 64 * 64 + 64 * 24

@@ -159,7 +159,10 @@ class StackRun:
                                 cpu_mb_per_step=round(totals.cpu_bytes / steps / 1e6, 3),
                                 wait_share_of_step=round(telemetry.timings.get("cpu_wait", 0.0) / steps / step_ms * 1e3,
                                                          4),
-                                caps=split.step_caps(), source=split.source)
+                                zero_copy_ms_per_step=round(1e3 * totals.zero_copy_s / steps, 4),
+                                zero_copy_gbs=round(totals.zero_copy_bytes / totals.zero_copy_s / 1e9, 2)
+                                if totals.zero_copy_s and totals.zero_copy_bytes else None,
+                                caps=split.step_caps(), source=split.source, link=split.describe()["link_source"])
         return row
 
     def close(self) -> None:

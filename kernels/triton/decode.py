@@ -23,6 +23,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from scout_sglang.kernels.triton.handoff import _global_ns
 from scout_sglang.kernels.triton.sizes import cdiv, p2
 
 # tl.dot needs every dimension >= 16: the G query heads of a KV head are padded
@@ -243,7 +244,9 @@ def _sparse_decode_split_kernel(
     GATED: tl.constexpr,
     num_kv_heads,
     num_items,
+    clock_ns_ptr,
     PROGRAMS: tl.constexpr,
+    TIMED: tl.constexpr,
 ):
     # grid: (B, Hkv, num_splits), one program per slice; or, with PROGRAMS (one split), PROGRAMS programs
     # that walk the B x Hkv lists in turn: a bounded share of the SMs (the zero-copy share, whose reads
@@ -251,8 +254,12 @@ def _sparse_decode_split_kernel(
     if PROGRAMS == 0:
         _attend_slice(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, v_ptr, block_table_ptr, counts_ptr, last_block_len_ptr, gate_ptr, part_o_ptr, part_lse_ptr, stride_q_batch, stride_q_head, stride_k_page, stride_k_head, stride_k_tok, stride_v_page, stride_v_head, stride_v_tok, stride_bt_batch, stride_bt_head, stride_counts_batch, stride_counts_head, stride_last_batch, stride_last_head, stride_po_batch, stride_po_head, stride_po_split, stride_pl_batch, stride_pl_head, stride_pl_split, scale_log2, blocks_per_split, GROUP_SIZE, HEAD_DIM, BLOCK_SIZE, HAS_LAST_BLOCK_LEN, BLOCK_G, BLOCK_T, BLOCK_D, DOT_PRECISION, DOT_IN_FP32, SPLIT_P, GATED)
     else:
+        if TIMED:
+            start = _global_ns()
         for item in range(tl.program_id(0), num_items, PROGRAMS):
             _attend_slice(item // num_kv_heads, item % num_kv_heads, 0, q_ptr, k_ptr, v_ptr, block_table_ptr, counts_ptr, last_block_len_ptr, gate_ptr, part_o_ptr, part_lse_ptr, stride_q_batch, stride_q_head, stride_k_page, stride_k_head, stride_k_tok, stride_v_page, stride_v_head, stride_v_tok, stride_bt_batch, stride_bt_head, stride_counts_batch, stride_counts_head, stride_last_batch, stride_last_head, stride_po_batch, stride_po_head, stride_po_split, stride_pl_batch, stride_pl_head, stride_pl_split, scale_log2, blocks_per_split, GROUP_SIZE, HEAD_DIM, BLOCK_SIZE, HAS_LAST_BLOCK_LEN, BLOCK_G, BLOCK_T, BLOCK_D, DOT_PRECISION, DOT_IN_FP32, SPLIT_P, GATED)
+        if TIMED:  # the programs run side by side: their mean time is the launch's, added to the layer's sum
+            tl.atomic_add(clock_ns_ptr, (_global_ns() - start) // tl.num_programs(0))
 
 
 @triton.jit
@@ -372,6 +379,7 @@ def sparse_decode_triton(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     gate: torch.Tensor | None = None,
     programs: int | None = None,
+    clock_ns: torch.Tensor | None = None,
 ) -> None:
     """Decode attention of one query token per request over per-head page lists.
 
@@ -401,6 +409,8 @@ def sparse_decode_triton(
         the layer's hand-off status without a host read)
     programs : with one split, at most this many programs, each walking (row, KV head) lists in turn (a bounded
         number of SMs); None: one program per list and split
+    clock_ns : with programs, on CUDA: a one-element int64 tensor the launch adds its time to, in ns (the GPU's
+        global timer; the programs' mean, as they run side by side)
     """
     batch_size, num_qo_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
@@ -427,8 +437,10 @@ def sparse_decode_triton(
     if num_splits > 1:
         po_strides, pl_strides = part_o.stride()[:3], part_lse.stride()[:3]
 
-    bounded = programs is not None and num_splits == 1 and programs < batch_size * num_kv_heads
-    grid = (programs, 1, 1) if bounded else (batch_size, num_kv_heads, num_splits)
+    bounded = programs is not None and num_splits == 1
+    grid = (min(programs, batch_size * num_kv_heads), 1, 1) if bounded else (batch_size, num_kv_heads, num_splits)
+    if clock_ns is not None and not (bounded and q.is_cuda):
+        raise ValueError("clock_ns needs one split, a bounded number of programs and a CUDA device (its clock)")
     _sparse_decode_split_kernel[grid](
         q,
         k_cache,
@@ -471,7 +483,9 @@ def sparse_decode_triton(
         GATED=gate is not None,
         num_kv_heads=num_kv_heads,
         num_items=batch_size * num_kv_heads,
+        clock_ns_ptr=counts if clock_ns is None else clock_ns,  # unread without TIMED
         PROGRAMS=programs if bounded else 0,
+        TIMED=clock_ns is not None,
         # fp32 tiles (no tensor cores) spilled registers with 4 warps.
         num_warps=8 if q.dtype == torch.float32 else 4,
     )

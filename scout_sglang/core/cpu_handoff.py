@@ -111,6 +111,7 @@ class CpuHandoff:
         self.ring_ns = torch.zeros(count, dtype=torch.int64, device=self.device)
         self.wait_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # summed over the step
         self.window_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # ring to wait, summed likewise
+        self.zero_copy_ns = torch.zeros(count, dtype=torch.int64, device=self.device)  # the CPU split's device reads
         # The CPU device's stream is this thread: it writes the words and statuses through numpy views (host
         # memory; no tensor op to dispatch, as the kernels that do this on CUDA are none of the layer's ops).
         self._words_np = self.words.numpy() if not self.on_cuda else None
@@ -118,6 +119,7 @@ class CpuHandoff:
         self._outcomes_np = self.outcomes.numpy() if not self.on_cuda else None
         self._wait_np = self.wait_ns.numpy() if not self.on_cuda else None
         self._window_np = self.window_ns.numpy() if not self.on_cuda else None
+        self._zero_copy_np = self.zero_copy_ns.numpy() if not self.on_cuda else None
         self._rung_at: dict[int, float] = {}
         self._last_log, self._unlogged = float("-inf"), {}
         if worker is not None:
@@ -194,6 +196,16 @@ class CpuHandoff:
             return
         merge_cpu_part(o, lse, self.out_o[layer][:rows], self.out_lse[layer][:rows], self.fb_o[:rows],
                        self.fb_lse[:rows], status, out, zero_copy=zero_copy, impl=self.merge_impl)
+
+    def add_zero_copy_time(self, layer: int, seconds: float) -> None:
+        """The CPU device: the time the engine's thread took for the layer's zero-copy share (on CUDA the kernel
+        adds its own, zero_copy_clock)."""
+        self._zero_copy_np[self.index[layer]] += int(1e9 * seconds)
+
+    def zero_copy_clock(self, layer: int) -> torch.Tensor:
+        """CUDA: the layer's zero-copy time word, [1] int64 ns, that the zero-copy decode adds its time to."""
+        i = self.index[layer]
+        return self.zero_copy_ns[i: i + 1]
 
     def _wait_on_host(self, i: int, plan) -> None:
         """The CPU device: the engine's thread waits on DONE, as the wait kernel does on CUDA."""

@@ -15,7 +15,10 @@ step plan, never a shape, so a captured graph replays every cap.
              time) and the wait; the workers' rate c, a moving estimate from the steps the device waited (the part
              then took W + wait) and a lower bound B_cpu / W from the ones it did not; the zero-copy rate p, the
              link rate less the share recall may take of it (they share the link): on CUDA timed once at
-             start-up (zero_copy_rate.py), elsewhere the configured recall_link_gbps. The workers' share of the bytes:
+             start-up (zero_copy_rate.py), elsewhere the configured recall_link_gbps; then, while serving, a
+             moving estimate of the zero-copy reads' own rate (their bytes over their time, from every step
+             whose reads took at least MIN_LINK_SAMPLE_S: shorter ones measure latency, not the link). The
+             workers' share of the bytes:
                  s = 1                          while B / c fits in W (no zero-copy read at all)
                  s = max(c W / B, c / (c + p))  else: what fits in the window, and never less than the share that
                                                 balances both paths when neither fits
@@ -33,7 +36,8 @@ import math
 
 # A wait shorter than this (per step) is noise, not a part that overran its window.
 MIN_WAIT_S = 20e-6
-RATE_SMOOTHING = 0.5  # weight of the newest measurement in the moving estimate of the workers' rate
+RATE_SMOOTHING = 0.5  # weight of the newest measurement in the moving estimates of both rates
+MIN_LINK_SAMPLE_S = 50e-6  # per step and layer: zero-copy reads shorter than this do not update the link rate
 
 
 class CpuSplit:
@@ -67,11 +71,16 @@ class CpuSplit:
         return [self.caps[layer] for layer in self.layers]
 
     def observe(self, layer: int, *, cpu_blocks: int, zero_copy_blocks: int, rows: int, steps: int, window_s: float,
-                wait_s: float) -> None:
+                wait_s: float, zero_copy_s: float = 0.0) -> None:
         """One layer's telemetry over `steps` steps and `rows` (row, KV head) lists in all: the blocks each share
-        took, the windows and waits, summed over those steps. auto: update the rate and the cap."""
+        took, the windows, the waits and the zero-copy reads' time, summed over those steps. auto: update the
+        rates and the cap."""
         if self.share is not None or rows <= 0 or window_s <= 0:
             return
+        if zero_copy_blocks and zero_copy_s >= MIN_LINK_SAMPLE_S * steps:
+            measured = zero_copy_blocks * self.block_bytes / zero_copy_s
+            self.link_bps = RATE_SMOOTHING * measured + (1 - RATE_SMOOTHING) * self.link_bps
+            self.link_source = "measured while serving: the zero-copy reads' own rate"
         cpu_bytes = cpu_blocks * self.block_bytes
         waited = wait_s > MIN_WAIT_S * steps
         if cpu_bytes:

@@ -220,7 +220,8 @@ class CoAttentionEngine:
 
             link_gbs = calibrate_zero_copy_gbs(self.offloaded.host_k[layer], self.offloaded.host_v[layer],
                                                rows=self.max_requests, num_qo_heads=self.shape.num_qo_heads,
-                                               capacity=config.cpu_capacity, programs=ZERO_COPY_PROGRAMS)
+                                               capacity=config.cpu_capacity, programs=ZERO_COPY_PROGRAMS,
+                                               device=self.device)
             source = "calibrated at start-up"
         return CpuSplit(config.cpu_split, layers=self.offloaded_layers, capacity=config.cpu_capacity,
                         block_bytes=self.offloaded.block_bytes_per_head(layer),
@@ -633,7 +634,7 @@ class CoAttentionEngine:
         telemetry = self.telemetry
         if telemetry is None or self.plan is not None:  # nothing ended, or a step is under way
             return None
-        counters, outcomes, waits, windows = self._read_step_words()
+        counters, outcomes, waits, windows, zero_copy_times = self._read_step_words()
         for layer in self._selects:
             stats = telemetry.layer(layer)
             for name, value in zip(COUNTER_NAMES, counters[layer]):
@@ -643,16 +644,17 @@ class CoAttentionEngine:
                 stats.recall_bytes += stats.recalled_blocks * block_bytes
                 stats.cpu_bytes, stats.zero_copy_bytes = stats.cpu_blocks * block_bytes, stats.zero_copy_blocks * block_bytes
         if self.handoff is not None:
-            for layer, wait_ns, window_ns in zip(self.handoff.layers, waits, windows):
+            for layer, wait_ns, window_ns, zero_copy_ns in zip(self.handoff.layers, waits, windows, zero_copy_times):
                 stats = telemetry.layer(layer)
                 stats.cpu_wait_s += wait_ns / 1e9
                 stats.cpu_window_s += window_ns / 1e9
+                stats.zero_copy_s += zero_copy_ns / 1e9
                 telemetry.add_time("cpu_wait", wait_ns / 1e9)
                 if self.cpu_split is not None:
                     self.cpu_split.observe(layer, cpu_blocks=stats.cpu_blocks, zero_copy_blocks=stats.zero_copy_blocks,
                                            rows=telemetry.decoded_tokens * self.shape.num_kv_heads,
                                            steps=telemetry.steps, window_s=stats.cpu_window_s,
-                                           wait_s=stats.cpu_wait_s)
+                                           wait_s=stats.cpu_wait_s, zero_copy_s=stats.zero_copy_s)
             for cause, count in self.handoff.record_outcomes(outcomes, rids or []).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
             bad = [layer for layer in self.handoff.layers if counters[layer][BAD_PAGES]]
@@ -665,12 +667,14 @@ class CoAttentionEngine:
         return telemetry
 
     def _read_step_words(self):
-        """Counters [layers][NUM_COUNTERS], the hand-off's outcome counts [CPU layers][statuses], wait times and
-        windows (ring to wait) per CPU layer: one device read, after which they are zeroed."""
+        """Counters [layers][NUM_COUNTERS], the hand-off's outcome counts [CPU layers][statuses], wait times,
+        windows (ring to wait) and zero-copy read times per CPU layer: one device read, after which they are
+        zeroed."""
         counters = self.buffers.counters
         parts = [counters.flatten().long()]
         if self.handoff is not None:
-            parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns, self.handoff.window_ns]
+            parts += [self.handoff.outcomes.flatten().long(), self.handoff.wait_ns, self.handoff.window_ns,
+                      self.handoff.zero_copy_ns]
         words = torch.cat(parts)
         if words.device.type == "cuda":  # through page-locked memory, the host sleeping until the copy is done
             if self._read_buffer is None:
@@ -683,14 +687,14 @@ class CoAttentionEngine:
         width = counters.shape[1]
         rows = [values[i: i + width] for i in range(0, counters.numel(), width)]
         if self.handoff is None:
-            return rows, [], [], []
-        self.handoff.outcomes.zero_()
-        self.handoff.wait_ns.zero_()
-        self.handoff.window_ns.zero_()
+            return rows, [], [], [], []
+        for words in (self.handoff.outcomes, self.handoff.wait_ns, self.handoff.window_ns, self.handoff.zero_copy_ns):
+            words.zero_()
         start, kinds, layers = counters.numel(), self.handoff.outcomes.shape[1], len(self.handoff.layers)
         outcomes = [values[start + i * kinds: start + (i + 1) * kinds] for i in range(layers)]
         start += self.handoff.outcomes.numel()
-        return rows, outcomes, values[start: start + layers], values[start + layers:]
+        waits, windows, zero_copy = (values[start + i * layers: start + (i + 1) * layers] for i in range(3))
+        return rows, outcomes, waits, windows, zero_copy
 
     # -- decision trace (tests only; never built when self.trace is None) -------
     def _resident_rows(self, layer) -> list:

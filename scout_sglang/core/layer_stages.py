@@ -31,6 +31,8 @@ on the CPU a fixed sequence of torch ops. Nothing reads a device value back.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from scout_sglang import kernels
@@ -97,8 +99,10 @@ class LayerStages:
         """The CPU split's device share of `layer`: its blocks attended from the page-locked host store with the
         staged query -> the set's zero_copy_o, zero_copy_lse. On CUDA on the side stream, forked after the ring and
         joined before the layer's attention (a captured graph keeps the fork and the join)."""
-        if not self.on_cuda:
+        if not self.on_cuda:  # synchronous: the engine's thread times it
+            start = time.perf_counter()
             self._run_zero_copy(layer)
+            self.handoff.add_zero_copy_time(layer, time.perf_counter() - start)
             return
         self.side_stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side_stream):
@@ -121,7 +125,8 @@ class LayerStages:
 
             sparse_decode_triton(q, host_k, host_v, pages, counts, None, chosen.zero_copy_o[:rows],
                                  chosen.zero_copy_lse[:rows], scale=self.scale, num_splits=1,
-                                 programs=ZERO_COPY_PROGRAMS)
+                                 programs=ZERO_COPY_PROGRAMS,
+                                 clock_ns=handoff.zero_copy_clock(layer) if self.on_cuda else None)
             return
         o, lse = attend_listed_host_blocks(q, host_k, host_v, pages, counts, scale=self.scale,
                                            device=self.engine.device, impl=handoff.impl)
@@ -180,21 +185,33 @@ class LayerStages:
 
     def attend_offloaded(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                          out: torch.Tensor) -> None:
-        """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D]."""
+        """Append, the device part, the CPU part's merge and recall of a layer whose front ran -> out [rows, Hq, D].
+        With the CPU split on CUDA, the zero-copy share (side stream) is joined after the device part, before the
+        merge that reads it: it overlaps the device part too."""
+        merges = self.cpu_part or self.estimates
+        if self.programs is None:
+            self._attend_device(layer, q, k_new, v_new, out, merges)
+        else:
+            self.programs.run("attend", self._step_key(layer),
+                              lambda q, k, v, out: self._attend_device(layer, q, k, v, out, merges),
+                              q=q, k=k_new, v=v_new, out=out)
         if self.splits and self.on_cuda:  # the zero-copy share is in
             torch.cuda.current_stream().wait_event(self.zero_copy_done[layer % 2])
         if self.programs is None:
-            self._attend(layer, q, k_new, v_new, out)
+            self._merge(layer, q, out)
         else:
-            self.programs.run("attend", self._step_key(layer), lambda q, k, v, out: self._attend(layer, q, k, v, out),
-                              q=q, k=k_new, v=v_new, out=out)
+            self.programs.run("merge", self._step_key(layer), lambda q, out: self._merge(layer, q, out), q=q, out=out)
 
-    def _attend(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
-                out: torch.Tensor) -> None:
-        rows = self.engine.plan.rows
-        merges = self.cpu_part or self.estimates
-        o = self.buffers.o[:rows] if merges else out  # merged later: the device part's own (o, lse)
+    def _attend_device(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                       out: torch.Tensor, merges: bool) -> None:
+        o = self.buffers.o[: self.engine.plan.rows] if merges else out  # merged later: the device part's own (o, lse)
         self.device_part(layer, q, k_new, v_new, o)
+
+    def _merge(self, layer: int, q: torch.Tensor, out: torch.Tensor) -> None:
+        """The device part's (o, lse) merged with the CPU part (and its zero-copy share) and the estimate -> out;
+        then recall."""
+        rows = self.engine.plan.rows
+        o = self.buffers.o[:rows]
         blocks = self.unattended(layer, offloaded=True) if self.estimates else None
         if self.cpu_part:
             chosen = self.buffers.of(layer)

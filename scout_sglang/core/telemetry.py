@@ -36,6 +36,7 @@ class LayerStats:
     recall_rows: int = 0  # (request, KV head) rows that went through recall: backed_off_rows' denominator
     cpu_wait_s: float = 0.0  # time the device side waited for the CPU result
     cpu_window_s: float = 0.0  # time from the CPU part's ring to its wait: the device work it overlapped
+    zero_copy_s: float = 0.0  # time of the device's zero-copy reads (the CPU split's other share)
     cpu_launched_ahead: bool = False  # CPU work of this layer was launched one layer earlier
 
     @property
@@ -78,6 +79,7 @@ class StepTelemetry:
                 setattr(total, name, getattr(total, name) + getattr(stats, name))
             total.cpu_wait_s += stats.cpu_wait_s
             total.cpu_window_s += stats.cpu_window_s
+            total.zero_copy_s += stats.zero_copy_s
         return total
 
     def summary(self) -> dict:
@@ -97,6 +99,7 @@ class StepTelemetry:
             "withheld_blocks": total.withheld_blocks,
             "backed_off_rows": total.backed_off_rows,
             "cpu_wait_ms": round(1e3 * total.cpu_wait_s, 3),
+            "zero_copy_ms": round(1e3 * total.zero_copy_s, 3),
             "cpu_fallbacks": dict(sorted(self.cpu_fallbacks.items())),
             **{f"{k}_ms": round(1e3 * v, 3) for k, v in sorted(self.timings.items())},
         }

@@ -105,9 +105,11 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
     cpu, zero_copy, caps = block_lists(None, None, len(batch), heads), None, None
     if engine.handoff is not None:
         cpu = block_lists(chosen.cpu_blocks, engine.handoff.counts[layer], len(batch), heads)
-    if chosen.listed_counts is not None:  # the CPU split: the workers' share first, then the device's
-        listed = block_lists(chosen.cpu_blocks, chosen.listed_counts, len(batch), heads)
-        zero_copy = [[whole[len(part):] for part, whole in zip(parts, wholes)] for parts, wholes in zip(cpu, listed)]
+    if chosen.listed_counts is not None:  # the CPU split: the device's share, as the host pages it reads
+        pages = block_lists(chosen.zero_copy_pages, chosen.zero_copy_counts, len(batch), heads)
+        table = engine.plan.host_table[: len(batch)].tolist()  # [B][NB] host page of each block
+        block_of = [{page: block for block, page in enumerate(row)} for row in table]
+        zero_copy = [[[block_of[b].get(page, PAD_BLOCK) for page in head] for head in row] for b, row in enumerate(pages)]
         caps = engine.plan.cpu_cap[: len(batch), engine.offloaded_layers.index(layer)].tolist()
     return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=True,
                          selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident,

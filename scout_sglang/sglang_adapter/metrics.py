@@ -60,6 +60,9 @@ GAUGES = {
                                   ("cpu_split", "pcie_bytes_per_step")),
     "scout_cpu_wait_ms_per_step": ("milliseconds the device waited for the CPU part per decode step, over the "
                                    "recent steps", ("cpu_split", "cpu_wait_ms_per_step")),
+    "scout_zero_copy_ms_per_step": ("milliseconds of the device's zero-copy reads per decode step (on their own "
+                                    "stream, beside the layers' work), over the recent steps",
+                                    ("cpu_split", "zero_copy_ms_per_step")),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
     "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "
                               "its CPU part itself, else 0", ("cpu_worker", "device_only")),

@@ -118,7 +118,7 @@ class ServingStats:
     def split_report(self) -> dict:
         """Where the off-device blocks went over the recent steps (the CPU split, core/cpu_split.py), per step: the
         bytes the CPU workers read, the bytes the device read from the host store over PCIe (zero-copy) and moved
-        by recall, and the time the device waited for the CPU part."""
+        by recall, the time the device waited for the CPU part and the time of its zero-copy reads."""
         totals = self._recent_totals()
         steps = totals["steps"]
 
@@ -131,6 +131,7 @@ class ServingStats:
             "zero_copy_bytes_per_step": per_step(totals["zero_copy_bytes"]),
             "pcie_bytes_per_step": per_step(totals["zero_copy_bytes"] + totals["recall_bytes"]),
             "cpu_wait_ms_per_step": per_step(1e3 * totals["cpu_wait_s"], 4),
+            "zero_copy_ms_per_step": per_step(1e3 * totals["zero_copy_s"], 4),
         }
 
     def _recent_totals(self) -> dict:
@@ -142,7 +143,8 @@ class ServingStats:
 
 
 _RECENT_FIELDS = ("steps", "cpu_blocks", "budget_blocks", "recall_bytes", "recall_cap_bytes", "withheld_blocks",
-                  "backed_off_rows", "recall_rows", "cpu_bytes", "zero_copy_bytes", "cpu_wait_s")
+                  "backed_off_rows", "recall_rows", "cpu_bytes", "zero_copy_bytes", "cpu_wait_s",
+                  "zero_copy_s")
 
 
 def _recent_entry(telemetry) -> dict:

@@ -98,7 +98,7 @@ class LayerStages:
     def zero_copy(self, layer: int) -> None:
         """The CPU split's device share of `layer`: its blocks attended from the page-locked host store with the
         staged query -> the set's zero_copy_o, zero_copy_lse. On CUDA on the side stream, forked after the ring and
-        joined before the layer's attention (a captured graph keeps the fork and the join)."""
+        joined after the layer's device part, before its merge (a captured graph keeps the fork and the join)."""
         if not self.on_cuda:  # synchronous: the engine's thread times it
             start = time.perf_counter()
             self._run_zero_copy(layer)

@@ -13,7 +13,10 @@ One call runs the phases a layer needs at that point of the step, in order:
             less what the brake holds back (kernels.recall_brake: hysteresis, back-off)
 
 Victims: empty slots first, then blocks outside the current selection, lowest
-score first, ties to the lower slot. Candidates enter best first, at most
+score first, ties to the lower slot. A slot whose page is the device store's
+scratch page (its last) has no page: it takes no block and is never a victim, so
+a row's resident capacity is data (a request's quota of a shared page pool),
+not a shape. Such a slot holds PAD_BLOCK. Candidates enter best first, at most
 `quota[b, h]` of them per (request, KV head) row and phase; the others stay
 where they are (on the CPU for scout). tests/oracle/policy.py writes the same
 rules a second time.
@@ -53,7 +56,8 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
     ----------
     resident : [slots, Hkv, R] int32 blocks held per request slot (PAD: empty), updated in place
     slots : [B] int32/int64 each request's slot
-    resident_pages : [B, R] int32 device pages of the slots
+    resident_pages : [B, R] int32 device pages of the slots; dev_k's last page (its scratch page): no page, the
+        slot is unused
     host_table : [B, NB] int32 host page of each logical block
     host_k, host_v : [H, Hkv, S, D] host store (page-locked on CUDA); dev_k, dev_v : [P, Hkv, S, D] device store
     selected, counts : [B, Hkv, K] int32 the current selection and [B, Hkv] int32 its counts
@@ -91,19 +95,20 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
         return
     slots = slots.long()
     rows = resident[slots]  # [B, Hkv, R]
+    usable = (resident_pages != dev_k.shape[0] - 1).unsqueeze(1)  # [B, 1, R]: the slot has a page
     valid = torch.arange(selected.shape[2], device=selected.device) < counts.unsqueeze(-1)
     selected = torch.where(valid, selected, PAD_BLOCK)
     if fill or recall == "selected":  # the selection less its forced blocks: what a fill or infinigen brings in
         forced = forced_blocks.unsqueeze(1).expand(-1, rows.shape[1], -1)
         unforced = torch.where(contains(selected, forced), PAD_BLOCK, selected)
     if admit:
-        rows = _admit(rows, leaving_block, leaving_page, resident_pages, dev_k, dev_v)
+        rows = _admit(rows, usable, leaving_block, leaving_page, resident_pages, dev_k, dev_v)
     if fill:
         flags = ready[slots]  # [B, Hkv]
         pending = (flags == 0) & (num_full > 0).unsqueeze(1)
         candidates = torch.where(pending.unsqueeze(-1), unforced, PAD_BLOCK)
-        rows, _ = _bring_in_and_copy(rows, candidates, selected, None, quota, host_table, resident_pages, host_k,
-                                     host_v, dev_k, dev_v)
+        rows, _ = _bring_in_and_copy(rows, usable, candidates, selected, None, quota, host_table, resident_pages,
+                                     host_k, host_v, dev_k, dev_v)
         ready.index_copy_(0, slots, ((flags != 0) | pending).to(ready.dtype))
     if recall is not None:
         state = None
@@ -122,8 +127,8 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
                 candidates, quota, state = brake_candidates(candidates, quota, brake=brake, slots=slots, rows=rows,
                                                             selected=selected, valid=valid, counters=counters)
         before = rows
-        rows, moved = _bring_in_and_copy(rows, candidates, selected, scores, quota, host_table, resident_pages,
-                                         host_k, host_v, dev_k, dev_v)
+        rows, moved = _bring_in_and_copy(rows, usable, candidates, selected, scores, quota, host_table,
+                                         resident_pages, host_k, host_v, dev_k, dev_v)
         if brake is not None:
             note_recall(brake, slots, state, before, rows, moved)
         if counters is not None:
@@ -134,9 +139,9 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
     resident.index_copy_(0, slots, rows)
 
 
-def _admit(rows, leaving, leaving_page, resident_pages, dev_k, dev_v):
+def _admit(rows, usable, leaving, leaving_page, resident_pages, dev_k, dev_v):
     batch_size, num_kv_heads, num_slots = rows.shape
-    empty = rows == PAD_BLOCK
+    empty = (rows == PAD_BLOCK) & usable
     leaving = leaving.view(-1, 1, 1)
     admitted = (leaving != PAD_BLOCK).view(-1, 1) & ~(rows == leaving).any(dim=-1) & empty.any(dim=-1)  # [B, Hkv]
     first_empty = empty.to(torch.int8).argmax(dim=-1)  # [B, Hkv]
@@ -150,15 +155,15 @@ def _admit(rows, leaving, leaving_page, resident_pages, dev_k, dev_v):
     return staged[..., :num_slots]
 
 
-def _bring_in_and_copy(rows, candidates, selected, scores, quota, host_table, resident_pages, host_k, host_v, dev_k,
-                       dev_v):
+def _bring_in_and_copy(rows, usable, candidates, selected, scores, quota, host_table, resident_pages, host_k, host_v,
+                       dev_k, dev_v):
     """Decide which candidates enter which slots (module docstring), copy them -> (new rows, moves [B, Hkv])."""
     batch_size, num_kv_heads, num_slots = rows.shape
     if num_slots == 0:
         return rows, torch.zeros(batch_size, num_kv_heads, dtype=torch.int32, device=rows.device)
     wanted = (candidates != PAD_BLOCK) & ~contains(candidates, rows)
-    empty = rows == PAD_BLOCK
-    victim_class = torch.where(empty, 0, torch.where(contains(rows, selected), 2, 1))  # 2: never a victim
+    empty = (rows == PAD_BLOCK) & usable
+    victim_class = torch.where(empty, 0, torch.where(contains(rows, selected) | ~usable, 2, 1))  # 2: never a victim
     order = torch.arange(num_slots, device=rows.device).expand_as(rows)
     if scores is not None:
         score = scores.gather(-1, rows.clamp(min=0).long()).masked_fill(empty, 0.0)

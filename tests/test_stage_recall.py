@@ -73,11 +73,14 @@ def with_quota(row, candidates, selected, scores, quota):
     return policy.bring_in(row, wanted, selected, scores)
 
 
-def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None):
+def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None, unusable=()):
+    """The rows the policy makes; slots in `unusable` ((batch row, slot) without a page) are left out of the row the
+    policy sees, and stay empty."""
     rows, recalled, dropped = {}, 0, 0
     for b, slot in enumerate(c["slots"].tolist()):
+        keep = [r for r in range(RESIDENT) if (b, r) not in unusable]
         for h in range(HEADS):
-            row = c["resident"][slot, h].tolist()
+            row = [c["resident"][slot, h, r].item() for r in keep]
             selected = c["selected"][b, h, : c["counts"][b, h]].tolist()
             forced = set(c["forced"][b].tolist()) - {PAD_BLOCK}
             unforced = [j for j in selected if j not in forced]
@@ -94,7 +97,9 @@ def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None):
                 if recall == "selected":
                     dropped += len([j for j in candidates if j not in after])
                 row = after
-            rows[slot, h] = row
+            rows[slot, h] = [PAD_BLOCK] * RESIDENT
+            for r, block in zip(keep, row):
+                rows[slot, h][r] = block
     return rows, recalled, dropped
 
 
@@ -164,3 +169,34 @@ def test_scout_recall_of_the_cpu_list_when_due(impl, due):
         assert out["resident"][slot, h].tolist() == row, (slot, h)
     assert counters[RECALLED] == recalled > 0
     check_copies(c, out, rows)
+
+
+def without_pages(c, unusable):
+    """The case with the slots `unusable` [(batch row, slot)] given no page (the device store's scratch page, its
+    last): a request's quota of a shared pool; such a slot holds nothing."""
+    c = {k: v.clone() for k, v in c.items()}
+    scratch = c["dev_k"].shape[0] - 1
+    for b, r in unusable:
+        c["resident_pages"][b, r] = scratch
+        c["resident"][c["slots"][b], :, r] = PAD_BLOCK
+    return c
+
+
+# Request 0 keeps slot 0 only, request 1 none, request 2 all, request 3 loses its first slot.
+UNUSABLE = {(0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (3, 0)}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("phases", [dict(admit=True, fill=True), dict(recall="selected")], ids=["fill", "recall"])
+def test_slots_without_a_page_take_nothing(impl, phases):
+    """A row's slots without a page (its quota of the pool) are neither filled nor victims: the rules act as on the
+    shorter row of the slots that have one, and nothing is copied to the scratch page's slots."""
+    c = without_pages(case(5), UNUSABLE)
+    out, counters = run(impl, c, quota=RESIDENT, **phases)
+    rows, recalled, _ = expected_rows(c, quota=RESIDENT, unusable=UNUSABLE, **phases)
+    for (slot, h), row in rows.items():
+        assert out["resident"][slot, h].tolist() == row, (slot, h)
+    if "recall" in phases:
+        assert counters[RECALLED] == recalled > 0
+    assert sum(block != PAD_BLOCK for row in rows.values() for block in row) > 0
+    check_copies(c, out, rows, admitted=True)

@@ -39,7 +39,8 @@ def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0):
                 resident=rows, resident_pages=resident_pages, host_table=host_table, q=q)
 
 
-def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True, caps=None, num_host_pages=None):
+def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True, caps=None, num_host_pages=None,
+        counted=True):
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     d = {k: v.to(device) for k, v in c.items()}
     batch, heads, _ = c["selected"].shape
@@ -55,7 +56,7 @@ def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True,
     resident = dict(resident=d["resident"], slots=d["slots"], resident_pages=d["resident_pages"]) if with_resident else {}
     cpu_part = dict(host_table=d["host_table"], capacity=capacity, out_cpu_blocks=out["cpu_blocks"],
                     out_cpu_pages=out["cpu_pages"], out_cpu_counts=out["cpu_counts"], q=d["q"], out_q=out["q"],
-                    num_host_pages=num_host_pages, counters=out["counters"]) if cpu else {}
+                    num_host_pages=num_host_pages, counters=out["counters"] if counted else None) if cpu else {}
     if caps is not None:  # the CPU split: the workers' share per row, the rest to the zero-copy list
         out |= dict(zero_copy_pages=torch.full((batch, heads, capacity), 77, dtype=torch.int32, device=device),
                     zero_copy_counts=torch.full((batch, heads), 77, dtype=torch.int32, device=device),
@@ -67,6 +68,7 @@ def run(impl, c, *, capacity, with_resident=True, only_selected=False, cpu=True,
     split_lists(d["selected"], d["counts"], forced_blocks=d["forced"], window_pages=d["window_pages"],
                 out_device_pages=out["device_pages"], out_device_counts=out["device_counts"],
                 only_selected_resident=only_selected, impl=impl, **resident, **cpu_part)
+    out["counts_after"] = d["counts"]
     return {k: v.cpu() for k, v in out.items()}
 
 
@@ -192,3 +194,18 @@ def test_a_partial_split_is_refused_by_name():
                     out_cpu_pages=torch.zeros(4, 2, 4, dtype=torch.int32),
                     out_cpu_counts=torch.zeros(4, 2, dtype=torch.int32), q=c["q"], out_q=torch.zeros_like(c["q"]),
                     cpu_cap=torch.zeros(4, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_without_a_counters_row_the_split_writes_the_same_lists_and_nothing_else(impl):
+    """counters=None: the lists equal a counted call's, and no count lands in another tensor (the Triton kernel's
+    unused pointer stands for the selection's counts)."""
+    c = case(seed=3)
+    counts = c["counts"].clone()  # run() may hand the case's own tensors to the kernel
+    counted = run(impl, c, capacity=6, caps=[0, 1, 2, 6], num_host_pages=5000)
+    uncounted = run(impl, c, capacity=6, caps=[0, 1, 2, 6], num_host_pages=5000, counted=False)
+    assert counted["counters"].sum() > 0 and uncounted["counters"].sum() == 0
+    for name in counted:
+        if name != "counters":
+            assert torch.equal(counted[name], uncounted[name]), name
+    assert torch.equal(uncounted["counts_after"], counts)

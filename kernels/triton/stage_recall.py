@@ -10,7 +10,9 @@ and applies, in order, the phases the launch enables:
             brake holds back (kernels.recall_brake, whose torch rules are repeated here)
 
 Victims of fill and recall: empty slots first, then blocks outside the current
-selection by score ascending (fill: by slot), ties to the lower slot; the
+selection by score ascending (fill: by slot), ties to the lower slot; a slot
+whose page is the device store's scratch page has no page (kernels.stage_recall):
+it takes nothing and is never a victim; the
 candidates come in best first, at most `quota` of them per row and call.
 Every applied move is copied right here, host page -> resident page (K and V of
 this head), reading the page-locked host store through unified addressing on
@@ -54,11 +56,10 @@ def _pick(vector, lanes, i):
 
 
 @triton.jit
-def _bring_in(row, slots_r, candidates, selected, sel_valid, vscore, quota, R: tl.constexpr, PAD: tl.constexpr):
-    """-> (new row, applied [C], destination slot [C]) of candidates entering the row."""
+def _bring_in(row, slots_r, in_slot, candidates, selected, sel_valid, vscore, quota, PAD: tl.constexpr):
+    """-> (new row, applied [C], destination slot [C]) of candidates entering the row's usable slots (in_slot)."""
     occupied = row != PAD
     wanted = (candidates != PAD) & ~contains(candidates, row, occupied)
-    in_slot = slots_r < R
     vclass = tl.where(in_slot & ~occupied, 0, tl.where(in_slot & ~contains(row, selected, sel_valid), 1, 2))
     # slot j sorts before slot i: by class, then score, then slot
     ci, cj = vclass[:, None], vclass[None, :]
@@ -88,7 +89,7 @@ def _resident_row_kernel(
     stride_leaving_block, stride_leaving_page, stride_ready_slot, stride_scores_batch, stride_scores_head,
     stride_cpu_blocks_batch, stride_cpu_blocks_head, stride_cpu_counts_batch, stride_due, stride_runs_slot,
     stride_runs_head, stride_brake_slot, stride_brake_head, stride_positions,
-    recall_beta,
+    recall_beta, scratch_page,
     R: tl.constexpr, R_P2: tl.constexpr, TOPK_P2: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr,
     CAPACITY: tl.constexpr, CAPACITY_P2: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SIZE_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
@@ -106,6 +107,7 @@ def _resident_row_kernel(
     row_ptr = resident_ptr + slot * stride_res_slot + head * stride_res_head + r
     row = tl.load(row_ptr, mask=r < R, other=PAD)
     pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < R, other=0)
+    usable = (r < R) & (pages != scratch_page)  # a slot without a page takes nothing
     s = tl.arange(0, SIZE_P2)
     d = tl.arange(0, DIM_P2)
     tile = (s < BLOCK_SIZE)[:, None] & (d < HEAD_DIM)[None, :]
@@ -122,7 +124,7 @@ def _resident_row_kernel(
     if ADMIT:  # the block leaving the local window: first empty slot, nothing evicted
         leaving = tl.load(leaving_block_ptr + batch * stride_leaving_block)
         window_page = tl.load(leaving_page_ptr + batch * stride_leaving_page)
-        empty = (row == PAD) & (r < R)
+        empty = (row == PAD) & usable
         first_empty = tl.min(tl.where(empty, r, R_P2), axis=0)
         admit = (leaving != PAD) & (first_empty < R) & (tl.sum((row == leaving).to(tl.int32), axis=0) == 0)
         row = tl.where((r == first_empty) & admit, leaving, row)
@@ -134,8 +136,8 @@ def _resident_row_kernel(
         ready = tl.load(ready_ptr + slot * stride_ready_slot + head)
         pending = (ready == 0) & (tl.load(num_full_ptr + batch * stride_num_full) > 0)
         candidates = tl.where((k * 0 + pending.to(tl.int32)) != 0, unforced, PAD)
-        row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, tl.zeros((R_P2,), tl.float32), quota,
-                                      R, PAD)
+        row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, tl.zeros((R_P2,), tl.float32),
+                                      quota, PAD)
         _copy_moves(candidates, applied, dst, pages, r, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
                     head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
                     stride_dev_tok, tile, s, d)
@@ -185,7 +187,7 @@ def _resident_row_kernel(
                 tl.atomic_add(counters_ptr + WITHHELD_COL, tl.sum(withheld.to(tl.int32), axis=0))
                 candidates = tl.where(lasting, candidates, PAD)
         row_before = row
-        row, applied, dst = _bring_in(row, r, candidates, selected, sel_valid, vscore, quota, R, PAD)
+        row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
         _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
                     dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
                     stride_dev_head, stride_dev_tok, tile, s, d)
@@ -260,4 +262,4 @@ def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, 
         *resident.stride()[:2], slots.stride(0), resident_pages.stride(0), host_table.stride(0),
         *host_k.stride()[:3], *dev_k.stride()[:3], *selected.stride()[:2], counts.stride(0), num_full.stride(0),
         forced_blocks.stride(0), quota.stride(0), *s_lb, *s_lp, *s_ready, *s_scores, *s_cpu_b, *s_cpu_c, *s_due,
-        *s_runs, *s_state, *s_positions, float(recall_beta), **config)
+        *s_runs, *s_state, *s_positions, float(recall_beta), dev_k.shape[0] - 1, **config)

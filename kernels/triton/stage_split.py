@@ -46,7 +46,7 @@ def _split_lists_kernel(
     HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_SIZE: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr, ZERO_COPY_COL: tl.constexpr,
-    CHECK_PAGES: tl.constexpr, BAD_PAGES_COL: tl.constexpr,
+    CHECK_PAGES: tl.constexpr, BAD_PAGES_COL: tl.constexpr, COUNTS: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -98,7 +98,8 @@ def _split_lists_kernel(
         if CHECK_PAGES:  # a corrupt or stale page table: no reader may leave the store
             bad = listed & ((pages < 0) | (pages >= num_host_pages))
             pages = tl.where(bad, 0, pages)
-            tl.atomic_add(counters_ptr + BAD_PAGES_COL, tl.sum(bad.to(tl.int32), axis=0))
+            if COUNTS:
+                tl.atomic_add(counters_ptr + BAD_PAGES_COL, tl.sum(bad.to(tl.int32), axis=0))
         tl.store(cpu_blocks_ptr + batch * stride_cpu_blocks_batch + head * stride_cpu_blocks_head + c, blocks,
                  mask=c < CAPACITY)
         num_cpu = num_listed
@@ -110,13 +111,15 @@ def _split_lists_kernel(
             tl.store(zc_pages_ptr + batch * stride_zc_batch + head * stride_zc_head + c, zero_copy, mask=c < CAPACITY)
             tl.store(zc_counts_ptr + batch * stride_zc_counts_batch + head, num_zero_copy)
             tl.store(listed_ptr + batch * stride_listed_batch + head, num_listed)
-            tl.atomic_add(counters_ptr + ZERO_COPY_COL, num_zero_copy)
+            if COUNTS:
+                tl.atomic_add(counters_ptr + ZERO_COPY_COL, num_zero_copy)
             pages = tl.where(c < num_cpu, pages, PAD)
         tl.store(cpu_pages_ptr + batch * stride_cpu_pages_batch + head * stride_cpu_pages_head + c, pages,
                  mask=c < CAPACITY)
         tl.store(cpu_counts_ptr + batch * stride_cpu_counts_batch + head, num_cpu)
-        tl.atomic_add(counters_ptr + CPU_COL, num_cpu)
-        tl.atomic_add(counters_ptr + DROPPED_COL, wanted - num_listed)
+        if COUNTS:  # without a counters row its pointer stands in unused: nothing may be added there
+            tl.atomic_add(counters_ptr + CPU_COL, num_cpu)
+            tl.atomic_add(counters_ptr + DROPPED_COL, wanted - num_listed)
         # The query rows of this KV head, in the dtype of the staging buffer.
         g = tl.arange(0, GROUP_P2)
         d = tl.arange(0, DIM_P2)
@@ -129,13 +132,13 @@ def _split_lists_kernel(
 
 @functools.cache
 def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lists, split, check_pages, group_size,
-            head_dim):
+            head_dim, counts):
     return dict(TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width), RESIDENT=num_resident, RESIDENT_P2=p2(num_resident),
                 DEVICE_P2=p2(num_resident + width), CAPACITY=capacity, CAPACITY_P2=p2(capacity),
                 HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists, SPLIT=split,
                 GROUP_SIZE=group_size, GROUP_P2=p2(group_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), PAD=PAD_BLOCK,
                 CPU_COL=CPU, DROPPED_COL=DROPPED, ZERO_COPY_COL=ZERO_COPY, CHECK_PAGES=check_pages,
-                BAD_PAGES_COL=BAD_PAGES)
+                BAD_PAGES_COL=BAD_PAGES, COUNTS=counts)
 
 
 def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,
@@ -151,7 +154,8 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
     split = cpu_cap is not None
     check_pages = cpu_lists and num_host_pages is not None
     config = _config(topk, window_pages.shape[1], 0 if resident is None else resident.shape[2], capacity,
-                     only_selected_resident, cpu_lists, split, check_pages, num_qo_heads // num_kv_heads, head_dim)
+                     only_selected_resident, cpu_lists, split, check_pages, num_qo_heads // num_kv_heads, head_dim,
+                     counters is not None)
     (resident_pages, s_rp), (host_table, s_ht), (resident, s_res), (slots, s_slots) = (
         or_unused(resident_pages, counts, 1), or_unused(host_table, counts, 1), or_unused(resident, counts, 2),
         or_unused(slots, counts, 1))

@@ -177,8 +177,10 @@ def select_topk(
     return out_indices, out_counts
 
 
-def select_topk_into(scores, num_blocks, topk, num_sink_blocks, num_local_blocks, out_indices, out_counts) -> None:
-    """select_topk's torch body, unchecked (the decode step's select stage calls it with its static buffers)."""
+def select_topk_into(scores, num_blocks, topk, num_sink_blocks, num_local_blocks, out_indices, out_counts,
+                     row_topk=None) -> None:
+    """select_topk's torch body, unchecked (the decode step's select stage calls it with its static buffers).
+    row_topk: optional [B] int32, each row's own k (<= topk): its selection is the first row_topk of the policy's."""
     batch_size, num_kv_heads, max_blocks = scores.shape
     position = torch.arange(max_blocks, device=scores.device)
     n = num_blocks.unsqueeze(1).long()  # [B, 1]
@@ -189,7 +191,8 @@ def select_topk_into(scores, num_blocks, topk, num_sink_blocks, num_local_blocks
     # A stable descending sort keeps equal keys in index order: the tie-break.
     order = torch.sort(keyed, dim=-1, descending=True, stable=True).indices
     take = min(topk, max_blocks)
-    counts = num_blocks.clamp(max=topk).unsqueeze(1).expand(batch_size, num_kv_heads)
+    limit = num_blocks.clamp(max=topk) if row_topk is None else torch.minimum(num_blocks.clamp(max=topk), row_topk)
+    counts = limit.to(torch.int32).unsqueeze(1).expand(batch_size, num_kv_heads)
     keep = torch.arange(take, device=scores.device) < counts.unsqueeze(-1)
     out_indices.fill_(PAD_BLOCK)
     out_indices[..., :take] = torch.where(keep, order[..., :take].to(torch.int32), PAD_BLOCK)

@@ -13,7 +13,7 @@ One call runs the phases a layer needs at that point of the step, in order:
             less what the brake holds back (kernels.recall_brake: hysteresis, back-off)
 
 Victims: empty slots first, then blocks outside the current selection, lowest
-score first, ties to the lower slot. A slot whose page is the device store's
+score first, ties to the lower slot. A slot whose page is PAD_BLOCK or the device store's
 scratch page (its last) has no page: it takes no block and is never a victim, so
 a row's resident capacity is data (a request's quota of a shared page pool),
 not a shape. Such a slot holds PAD_BLOCK. Candidates enter best first, at most
@@ -56,8 +56,8 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
     ----------
     resident : [slots, Hkv, R] int32 blocks held per request slot (PAD: empty), updated in place
     slots : [B] int32/int64 each request's slot
-    resident_pages : [B, R] int32 device pages of the slots; dev_k's last page (its scratch page): no page, the
-        slot is unused
+    resident_pages : [B, R] int32 device pages of the slots; PAD_BLOCK or dev_k's last page (its scratch page): no
+        page, the slot is unused
     host_table : [B, NB] int32 host page of each logical block
     host_k, host_v : [H, Hkv, S, D] host store (page-locked on CUDA); dev_k, dev_v : [P, Hkv, S, D] device store
     selected, counts : [B, Hkv, K] int32 the current selection and [B, Hkv] int32 its counts
@@ -95,7 +95,7 @@ def bring_in(resident: torch.Tensor, slots: torch.Tensor, *, resident_pages: tor
         return
     slots = slots.long()
     rows = resident[slots]  # [B, Hkv, R]
-    usable = (resident_pages != dev_k.shape[0] - 1).unsqueeze(1)  # [B, 1, R]: the slot has a page
+    usable = ((resident_pages >= 0) & (resident_pages < dev_k.shape[0] - 1)).unsqueeze(1)  # [B, 1, R]: it has a page
     valid = torch.arange(selected.shape[2], device=selected.device) < counts.unsqueeze(-1)
     selected = torch.where(valid, selected, PAD_BLOCK)
     if fill or recall == "selected":  # the selection less its forced blocks: what a fill or infinigen brings in

@@ -11,6 +11,8 @@ Optional parts, each enabled by passing its tensors:
 - change count: `previous` [slots, Hkv, K] holds each request slot's last selection; the stage counts the
   selected blocks it did not hold (CHANGED) among those it can compare (COMPARED), then stores the new one;
 - counters: a [NUM_COUNTERS] int32 row (step_counters.py) that gets SELECTED, CHANGED and COMPARED added;
+- each row's own k: `row_topk` [B] int32 (<= topk, the outputs' width) cuts a row's selection to its first
+  row_topk blocks of the policy's order (resident-first serving: a request that fits selects every block);
 - quest pages: `page_table` [B, NB] maps blocks to device pages; `pages` [B, Hkv, K + 1] gets the pages of the
   selection followed by the partial tail's page, `page_counts` [B, Hkv] their number.
 """
@@ -31,8 +33,8 @@ def select_blocks(scores: torch.Tensor, num_full: torch.Tensor, *, topk: int, nu
                   previous: torch.Tensor | None = None, slots: torch.Tensor | None = None,
                   counters: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
                   num_tokens: torch.Tensor | None = None, block_size: int = 0, out_pages: torch.Tensor | None = None,
-                  out_page_counts: torch.Tensor | None = None, impl: str | None = None,
-                  validate: bool = True) -> None:
+                  out_page_counts: torch.Tensor | None = None, row_topk: torch.Tensor | None = None,
+                  impl: str | None = None, validate: bool = True) -> None:
     """Top-k blocks of every (request, KV head), written into the given outputs.
 
     Parameters
@@ -41,26 +43,27 @@ def select_blocks(scores: torch.Tensor, num_full: torch.Tensor, *, topk: int, nu
     num_full : [B] int32, full blocks per request (<= NB)
     topk, num_sink_blocks, num_local_blocks : K and the forced blocks (K >= sink + local)
     out_selected : [B, Hkv, K] int32, logical blocks best first, PAD_BLOCK past the count
-    out_counts : [B, Hkv] int32 = min(K, num_full)
+    out_counts : [B, Hkv] int32 = min(K, num_full, row_topk)
     previous : optional [slots, Hkv, K] int32 last selections by request slot; slots : [B] int64 (both or neither)
     counters : optional [NUM_COUNTERS] int32
     page_table, num_tokens, block_size, out_pages, out_page_counts : the quest page lists (all or none):
         [B, NB] int32 device pages, [B] int32 tokens (the tail is partial when num_tokens % block_size),
         [B, Hkv, K + 1] int32 and [B, Hkv] int32
+    row_topk : optional [B] int32 each row's k (<= K)
     validate : check the arguments (the decode step checks its static buffers once and passes False)
     """
     if validate:
         _check(scores, num_full, topk, num_sink_blocks, num_local_blocks, out_selected, out_counts, previous, slots,
-               counters, page_table, num_tokens, block_size, out_pages, out_page_counts)
+               counters, page_table, num_tokens, block_size, out_pages, out_page_counts, row_topk)
     if select_impl("select_blocks", scores.device.type, impl) == "triton":
         from scout_sglang.kernels.triton.stage_select import select_topk_triton
 
         select_topk_triton(scores, num_full, out_selected, out_counts, topk=topk, num_sink_blocks=num_sink_blocks,
                            num_local_blocks=num_local_blocks, previous=previous, slots=slots, counters=counters,
                            page_table=page_table, num_tokens=num_tokens, block_size=block_size, pages=out_pages,
-                           page_counts=out_page_counts)
+                           page_counts=out_page_counts, row_topk=row_topk)
         return
-    select_topk_into(scores, num_full, topk, num_sink_blocks, num_local_blocks, out_selected, out_counts)
+    select_topk_into(scores, num_full, topk, num_sink_blocks, num_local_blocks, out_selected, out_counts, row_topk)
     if counters is not None:
         counters[SELECTED] += out_counts.sum(dtype=torch.int32)
     if previous is not None:
@@ -98,12 +101,15 @@ def _quest_pages(selected, counts, page_table, num_full, num_tokens, block_size,
 
 
 def _check(scores, num_full, topk, sink, local, out_selected, out_counts, previous, slots, counters, page_table,
-           num_tokens, block_size, out_pages, out_page_counts):
+           num_tokens, block_size, out_pages, out_page_counts, row_topk):
     check_tensor("scores", scores, ndim=3, dtypes=(torch.float32,), contiguous="rows")
     device = scores.device
     batch_size, num_kv_heads, max_blocks = scores.shape
     check_tensor("num_full", num_full, ndim=1, dtypes=(torch.int32,), device=device, contiguous=False)
     check_shape("num_full", num_full, (batch_size,))
+    if row_topk is not None:
+        check_tensor("row_topk", row_topk, ndim=1, dtypes=(torch.int32,), device=device, contiguous=False)
+        check_shape("row_topk", row_topk, (batch_size,))
     if topk < 1 or sink < 0 or local < 0 or topk < sink + local:
         raise ValueError(f"topk ({topk}) must be >= 1 and cover sink ({sink}) + local ({local}) blocks, all >= 0")
     check_tensor("out_selected", out_selected, dtypes=(torch.int32,), device=device, contiguous="rows")

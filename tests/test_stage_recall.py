@@ -172,12 +172,12 @@ def test_scout_recall_of_the_cpu_list_when_due(impl, due):
 
 
 def without_pages(c, unusable):
-    """The case with the slots `unusable` [(batch row, slot)] given no page (the device store's scratch page, its
-    last): a request's quota of a shared pool; such a slot holds nothing."""
+    """The case with the slots `unusable` [(batch row, slot)] given no page (PAD, or the device store's scratch page,
+    its last): a request's quota of a shared pool; such a slot holds nothing."""
     c = {k: v.clone() for k, v in c.items()}
     scratch = c["dev_k"].shape[0] - 1
-    for b, r in unusable:
-        c["resident_pages"][b, r] = scratch
+    for i, (b, r) in enumerate(sorted(unusable)):
+        c["resident_pages"][b, r] = scratch if i % 2 else PAD_BLOCK
         c["resident"][c["slots"][b], :, r] = PAD_BLOCK
     return c
 

@@ -136,3 +136,20 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="previous and slots go together"):
         select_blocks(scores, num_full, topk=2, num_sink_blocks=0, num_local_blocks=0, out_selected=out[0],
                       out_counts=out[1], previous=torch.zeros(3, 1, 2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_row_of_its_own_k_selects_the_reference_top_k_of_that_k(impl):
+    """row_topk (resident-first serving: a request that fits selects all its blocks, the others the budget): each
+    row's selection is the reference top-k at its own k, within outputs as wide as the largest."""
+    topk, sink, local = 16, 2, 3
+    num_full = [0, 4, 13, 13, 30, 30]
+    row_topk = [16, 5, 16, 6, 9, 16]
+    scores = random_scores(num_full, 2, 30, seed=7, ties=True)
+    selected, counts = run_select(impl, scores, num_full, topk, sink, local,
+                                  row_topk=torch.tensor(row_topk, dtype=torch.int32, device=device_of(impl)))
+    for b, (n, k) in enumerate(zip(num_full, row_topk)):
+        for h in range(2):
+            blocks = reference.select_topk(scores[b, h, :n], topk=k, num_sink_blocks=sink, num_local_blocks=local)
+            assert counts[b, h] == len(blocks) == min(n, k)
+            assert selected[b, h].tolist() == blocks + [PAD_BLOCK] * (topk - len(blocks)), (b, h)

@@ -11,7 +11,7 @@ and applies, in order, the phases the launch enables:
 
 Victims of fill and recall: empty slots first, then blocks outside the current
 selection by score ascending (fill: by slot), ties to the lower slot; a slot
-whose page is the device store's scratch page has no page (kernels.stage_recall):
+whose page is PAD or the device store's scratch page has no page (stage_recall.py):
 it takes nothing and is never a victim; the
 candidates come in best first, at most `quota` of them per row and call.
 Every applied move is copied right here, host page -> resident page (K and V of
@@ -107,7 +107,7 @@ def _resident_row_kernel(
     row_ptr = resident_ptr + slot * stride_res_slot + head * stride_res_head + r
     row = tl.load(row_ptr, mask=r < R, other=PAD)
     pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < R, other=0)
-    usable = (r < R) & (pages != scratch_page)  # a slot without a page takes nothing
+    usable = (r < R) & (pages >= 0) & (pages < scratch_page)  # a slot without a page takes nothing
     s = tl.arange(0, SIZE_P2)
     d = tl.arange(0, DIM_P2)
     tile = (s < BLOCK_SIZE)[:, None] & (d < HEAD_DIM)[None, :]

@@ -59,6 +59,7 @@ def _select_topk_kernel(
     num_tokens_ptr,
     pages_ptr,
     page_counts_ptr,
+    row_topk_ptr,
     stride_num_full,
     stride_slots,
     stride_num_tokens,
@@ -73,6 +74,7 @@ def _select_topk_kernel(
     stride_pages_batch,
     stride_pages_head,
     stride_page_counts_batch,
+    stride_row_topk,
     TOPK: tl.constexpr,
     TOPK_P2: tl.constexpr,
     SINK: tl.constexpr,
@@ -82,6 +84,7 @@ def _select_topk_kernel(
     TRACK: tl.constexpr,
     COUNT: tl.constexpr,
     WITH_PAGES: tl.constexpr,
+    ROW_TOPK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     PAD: tl.constexpr,
     SELECTED_COL: tl.constexpr,
@@ -110,6 +113,8 @@ def _select_topk_kernel(
 
     rank = tl.arange(0, TOPK_P2)
     count = tl.minimum(num_full, TOPK)
+    if ROW_TOPK:  # the row's own k: the first of the policy's order
+        count = tl.minimum(count, tl.load(row_topk_ptr + batch * stride_row_topk))
     chosen = rank < count
     selected = tl.where(chosen, (4294967295 - (best & 4294967295)).to(tl.int32), PAD)
     tl.store(selected_ptr + batch * stride_sel_batch + head * stride_sel_head + rank, selected, mask=rank < TOPK)
@@ -144,7 +149,7 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
                        topk: int, num_sink_blocks: int, num_local_blocks: int, previous: torch.Tensor | None,
                        slots: torch.Tensor | None, counters: torch.Tensor | None, page_table: torch.Tensor | None,
                        num_tokens: torch.Tensor | None, block_size: int, pages: torch.Tensor | None,
-                       page_counts: torch.Tensor | None) -> None:
+                       page_counts: torch.Tensor | None, row_topk: torch.Tensor | None = None) -> None:
     """Launch the selection stage; arguments as stage_select.select_blocks (validated there)."""
     batch_size, num_kv_heads, max_blocks = scores.shape
     if batch_size == 0:
@@ -162,14 +167,16 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
         dummy if num_tokens is None else num_tokens,
         dummy if pages is None else pages,
         dummy if page_counts is None else page_counts,
+        dummy if row_topk is None else row_topk,
         num_full.stride(0), 0 if slots is None else slots.stride(0), 0 if num_tokens is None else num_tokens.stride(0),
         scores.stride(0), scores.stride(1), selected.stride(0), selected.stride(1), counts.stride(0),
         0 if previous is None else previous.stride(0), 0 if previous is None else previous.stride(1),
         0 if page_table is None else page_table.stride(0),
         0 if pages is None else pages.stride(0), 0 if pages is None else pages.stride(1),
         0 if page_counts is None else page_counts.stride(0),
+        0 if row_topk is None else row_topk.stride(0),
         TOPK=topk, TOPK_P2=topk_p2, SINK=num_sink_blocks, LOCAL=num_local_blocks, CHUNK=chunk,
         NUM_CHUNKS=cdiv(max(max_blocks, 1), chunk), TRACK=previous is not None, COUNT=counters is not None,
-        WITH_PAGES=with_pages, BLOCK_SIZE=block_size, PAD=PAD_BLOCK, SELECTED_COL=SELECTED, CHANGED_COL=CHANGED,
+        WITH_PAGES=with_pages, ROW_TOPK=row_topk is not None, BLOCK_SIZE=block_size, PAD=PAD_BLOCK, SELECTED_COL=SELECTED, CHANGED_COL=CHANGED,
         COMPARED_COL=COMPARED,
     )  # fmt: skip

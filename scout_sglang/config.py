@@ -67,6 +67,11 @@ class ScoutConfig:
     # device's zero-copy rate timed at start-up on CUDA (else recall_link_gbps), less recall's recall_link_share,
     # then follows the rate the zero-copy reads show while serving.
     cpu_split: str = "off"
+    # Resident-first serving (scout): the offloaded layers' resident blocks come from one device page pool shared by
+    # the running requests, each given its share (at least resident_blocks, at most all of its blocks); a request
+    # whose every block fits is attended over all of them, exactly as full attention, with no CPU part.
+    resident_first: bool = False
+    resident_pool_blocks: int | None = None  # the pool's pages (one block of every offloaded layer each); None: max_requests x resident_blocks
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
     kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device
@@ -137,7 +142,9 @@ class ScoutConfig:
                 f"token_budget covers {self.topk_blocks} blocks, fewer than sink_blocks + local_blocks "
                 f"({self.sink_blocks} + {self.local_blocks})"
             )
-        for name in ("resident_blocks", "max_cpu_blocks", "max_recall_blocks"):
+        if self.resident_first and self.mode != "scout":
+            out.append(f"resident_first serves mode scout, not {self.mode!r}")
+        for name in ("resident_blocks", "max_cpu_blocks", "max_recall_blocks", "resident_pool_blocks"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 out.append(f"{name} must be >= 0 or None, got {value}")

@@ -90,6 +90,10 @@ CPU_WORKER_TESTS = (*NATIVE_TESTS, "tests/test_cpu_fallback.py", "tests/test_cpu
 # Source path or folder prefix -> the pytest arguments (test files, node ids, --deselect=) of the tests that
 # exercise it. The longest matching prefix wins; a patch that changes several files runs the union.
 TESTS_FOR = {
+    # resident-first serving: its own tests, then the oracle's run through the switch (seconds, not the engine's minutes)
+    "scout_sglang/core/resident_pool.py": (
+        "tests/test_resident_pool.py",
+        "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
     "kernels/triton/": TRITON_TESTS,
     "kernels/": FAST_TESTS,
     "scout_sglang/": FAST_TESTS,

@@ -26,7 +26,8 @@ LENGTHS = [5, 30, 150, 90]  # one request starts with no full block
 STEPS = 36
 
 
-def run_checked(mode, shape_name, **overrides):
+def run_checked(mode, shape_name, *, dense=False, **overrides):
+    """dense: the run must equal dense attention (else, sparse modes must not)."""
     shape = SHAPES[shape_name]
     settings = dict(mode=mode, block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1)
     config = ScoutConfig(**(settings | SETTINGS[shape_name] | overrides))
@@ -34,7 +35,9 @@ def run_checked(mode, shape_name, **overrides):
     engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=4, max_tokens_per_request=256,
                                trace=True)
     outputs = driver.run(engine)
-    if mode != "full":
+    if dense:
+        torch.testing.assert_close(outputs, driver.dense(), atol=2e-5, rtol=2e-5)
+    elif mode != "full":
         assert (outputs - driver.dense()).abs().max() > 1e-2  # the budget really is sparse
     report = Oracle(config, shape, driver).check(engine.trace.decisions, outputs)
     totals = [step.totals() for step in driver.telemetry]
@@ -105,3 +108,17 @@ def test_with_the_cpu_split_every_decision_and_output_matches_the_oracle(mode, s
 def test_with_the_cpu_split_and_the_estimate_every_output_matches_the_oracle():
     report = run_checked("scout", "llama", cpu_split="0.34", estimate=True)
     assert report.zero_copy_blocks > 0 and report.cpu_blocks > 0 and report.recalled_blocks > 0
+
+
+@pytest.mark.parametrize("pool", [60, 30])
+def test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle(pool):
+    """Resident-first serving (core/resident_pool.py) on qwen3's shape (resident_blocks 3): with a pool that holds
+    every block, every request is exact (all its blocks selected and resident, no CPU part) and equals dense
+    attention; with one that does not, the largest requests turn sparse as the others grow, their rows compacted,
+    and every decision (quota, exactness, selection, the rows through the switch) and output matches the oracle."""
+    report = run_checked("scout", "qwen3", dense=pool == 60, resident_first=True, resident_pool_blocks=pool)
+    rows = STEPS * SHAPES["qwen3"].num_layers * len(LENGTHS) * SHAPES["qwen3"].num_kv_heads
+    if pool == 60:
+        assert report.exact_rows == rows and report.cpu_blocks == 0 and report.quota_shrinks == 0
+    else:
+        assert 0 < report.exact_rows < rows and report.cpu_blocks > 0 and report.quota_shrinks > 0

@@ -39,6 +39,7 @@ from scout_sglang.core.device_tables import DeviceTable, StepTables
 from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.recall_budget import RecallBudget
+from scout_sglang.core.resident_pool import compact_row
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_buffers import StepBuffers
 from scout_sglang.core.step_plan import (
@@ -145,8 +146,12 @@ class CoAttentionEngine:
             resident_blocks=config.resident_capacity if config.mode in RESIDENT_MODES else 0, dtype=dtype,
             device=self.device, borrowed=host_store, assigned_pages=assigned_pages,
             selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
-            value_summaries=self.estimates,
+            value_summaries=self.estimates, resident_pool=self._resident_pool_pages(max_requests),
         )  # fmt: skip
+        self.pool = self.offloaded.pool  # resident-first serving (resident_pool.py), or None
+        # Outputs of the select stage: the budget's top-k, or (resident-first) every block of a request that fits.
+        self.select_width = config.topk_blocks if self.pool is None else max(
+            config.topk_blocks, self.offloaded.resident_width + config.sink_blocks + config.local_blocks)
         self.requests: dict[int, RequestState] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
         # Device ops: the fused stages run Triton on CUDA and torch on the CPU, unless the configuration names
@@ -157,16 +162,17 @@ class CoAttentionEngine:
         self.decode_impl = config.kernel_impl or (None if self.device.type == "cpu" else "triton")
         self._selects = list(self.offloaded_layers) + (
             [l for l in self.full_layers if l not in config.dense_layers] if config.mode == "quest" else [])
-        self.previous = {layer: torch.full((max_requests + 1, shape.num_kv_heads, config.topk_blocks), PAD_BLOCK,
+        # Each slot's last selection per layer: the change count's, and what a shrinking quota keeps (resident_pool)
+        self.previous = {layer: torch.full((max_requests + 1, shape.num_kv_heads, self.select_width), PAD_BLOCK,
                                            dtype=torch.int32, device=self.device)
-                         for layer in (self._selects if track_changes else ())}
+                         for layer in (self._selects if track_changes or self.pool is not None else ())}
         window = config.sink_blocks + config.local_blocks + 1
         # The CPU split (cpu_split.py): the device reads a share of each CPU list from the host store itself.
         splits = config.cpu_split != "off" and config.mode in CPU_MODES and bool(self.offloaded_layers)
         self.buffers = StepBuffers(max_batch=max_requests, num_layers=shape.num_layers,
                                    num_qo_heads=shape.num_qo_heads, num_kv_heads=shape.num_kv_heads,
-                                   head_dim=shape.head_dim, max_blocks=self.max_blocks, topk=config.topk_blocks,
-                                   cpu_capacity=config.cpu_capacity, device_width=self.offloaded.resident_blocks + window,
+                                   head_dim=shape.head_dim, max_blocks=self.max_blocks, topk=self.select_width,
+                                   cpu_capacity=config.cpu_capacity, device_width=self.offloaded.resident_width + window,
                                    dtype=dtype, device=self.device, cpu_split=splits)
         self.buffers.workspace = self._decode_workspace(window)
         self.buffers.estimate_workspace = self._estimate_workspace()
@@ -192,6 +198,10 @@ class CoAttentionEngine:
         if self.offloaded_layers:
             self.device_tables["host"] = DeviceTable(self.offloaded.host_tables, max_rows=max_requests,
                                                      scratch_page=self.offloaded.host_scratch_page, device=self.device)
+        if self.pool is not None:  # the resident columns' pages: a quota's change moves like a page table's
+            self.device_tables["resident"] = DeviceTable(self.pool, max_rows=max_requests,
+                                                         scratch_page=self.offloaded.device_scratch_page,
+                                                         device=self.device)
         if self.full_layers:
             self.device_tables["full"] = DeviceTable(self.full_store.tables, max_rows=max_requests,
                                                      scratch_page=self.full_store.scratch_page, device=self.device)
@@ -228,6 +238,43 @@ class CoAttentionEngine:
                         link_gbs=link_gbs * (1.0 - config.recall_link_share), link_source=source,
                         workers=self.cpu_worker is not None)
 
+    def _resident_pool_pages(self, max_requests: int) -> int | None:
+        """Pages of the resident pool (resident-first serving), or None: a fixed resident buffer per slot."""
+        config = self.config
+        if not (config.resident_first and self.offloaded_layers):
+            return None
+        if config.resident_pool_blocks is not None:
+            return config.resident_pool_blocks
+        return max_requests * config.resident_capacity
+
+    def _rebalance_pool(self, tokens: dict[int, int] | None = None) -> None:
+        """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
+        the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
+        are compacted (the blocks of the last selection kept, best first) and their pages go back; then the
+        growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block."""
+        pool, store, tokens = self.pool, self.offloaded, tokens or {}
+        forced = self.config.sink_blocks + self.config.local_blocks
+        needed = {rid: max(0, tokens.get(rid, state.num_tokens) // self.block_size - forced)
+                  for rid, state in self.requests.items()}
+        quotas = pool.plan(needed)
+        for rid, quota in quotas.items():
+            if quota < pool.quota(rid):
+                slot = self.requests[rid].slot
+                pages = store.resident_page_table[slot].to(self.device, non_blocking=True)
+                for layer in self.offloaded_layers:
+                    compact_row(store.resident_map[layer], slot, quota, pages, self.previous[layer],
+                                store.dev_k[layer], store.dev_v[layer], max_blocks=self.max_blocks,
+                                brake_state=store.recall_state.get(layer))
+                pool.shrink(rid, slot, quota)
+        for rid, quota in quotas.items():
+            slot = self.requests[rid].slot
+            pool.grow(rid, slot, quota)
+            exact = quota >= needed[rid]
+            if exact and not pool.exact.get(rid, False):
+                for layer in self.offloaded_layers:
+                    store.resident_ready[layer][slot] = 0
+            pool.exact[rid] = exact
+
     def _decode_workspace(self, window: int) -> torch.Tensor | None:
         """The Triton decode's split partials, one static buffer for every layer (None where torch decodes)."""
         if self.decode_impl != "triton" and not (self.device.type == "cuda" and self.config.mode in CPU_MODES):
@@ -235,7 +282,7 @@ class CoAttentionEngine:
         from scout_sglang.kernels.triton.decode import workspace_size
 
         shape, config = self.shape, self.config
-        capacities = {self.max_blocks, config.topk_blocks + 1, self.offloaded.resident_blocks + window,
+        capacities = {self.max_blocks, config.topk_blocks + 1, self.offloaded.resident_width + window,
                       config.cpu_capacity}
         words = workspace_size(self.max_requests, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
                                self.block_size, sorted(capacities))
@@ -256,7 +303,9 @@ class CoAttentionEngine:
         """Columns of the widest step plan (step_plan.plan_fields): its buffer is allocated once."""
         width = 5  # slots, num_tokens, num_full, last_len, append_offset
         if self.offloaded_layers:
-            width += 2 * window + self.offloaded.resident_blocks + 4 + self.shape.num_kv_heads
+            width += 2 * window + 4 + self.shape.num_kv_heads
+            # resident_pages; resident-first: row_topk and resident_delta (the pages come from the device table)
+            width += self.offloaded.resident_blocks if self.pool is None else 3
             width += 2 * len(self.offloaded_layers) + self.shape.num_kv_heads  # recall_due, cpu_cap, recall_cap
             width += 2 + 1  # host_delta, host_started
         if self.full_layers:
@@ -294,6 +343,8 @@ class CoAttentionEngine:
         for previous in self.previous.values():
             previous[state.slot] = PAD_BLOCK
         self.requests[rid] = state
+        if self.pool is not None:  # its floor, from the others' shares
+            self._rebalance_pool()
 
     def assign_pages(self, rid: int, first_block: int, pages: list[int]) -> None:
         """Blocks first_block, first_block + 1, ... of `rid` live in `pages`, in every store whose pages the caller
@@ -499,6 +550,8 @@ class CoAttentionEngine:
                 self.full_store.ensure_tokens(state.rid, state.slot, after)
             if self.offloaded_layers:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
+        if self.pool is not None:
+            self._rebalance_pool({state.rid: state.num_tokens + 1 for state in self._batch})
         self._seq = self._seq % SEQ_LIMIT + 1
         if self.recall_budget is not None:
             self.recall_budget.observe_step(decodes=bool(rids))
@@ -508,6 +561,9 @@ class CoAttentionEngine:
             self.handoff.begin_step(self._seq, bypass)
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
+        if self.pool is not None:
+            self.telemetry.exact_requests += sum(self.pool.exact[rid] for rid in rids)
+            self.telemetry.pool_pages_used = self.pool.pages.num_used
         if self.recall_budget is not None and rids:
             self.telemetry.recall_cap_bytes += self.recall_budget.cap_bytes(len(rids) * self.shape.num_kv_heads)
         if self.trace is not None:
@@ -540,13 +596,15 @@ class CoAttentionEngine:
             offloaded=self.offloaded if self.offloaded_layers else None,
             full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
             recall_quota=config.recall_quota, tables=self.device_tables, changes=changes, started=self._started,
+            exact=None if self.pool is None else [self.pool.exact.get(s.rid, False) for s in batch],
             recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
                 len(batch), self.shape.num_kv_heads, self._step_index),
             cpu_caps=None if self.cpu_split is None else self.cpu_split.step_caps(bypass=bypass))
         header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
         size = self.block_size
         widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
-                  "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0)}
+                  "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0),
+                  "resident": self.offloaded.resident_width}
         views |= self.step_tables.apply(views, rows, widths, token_slots if any(self._started.values()) else None,
                                         len(batch))
         self._slots_long[:rows].copy_(views["slots"])
@@ -556,6 +614,8 @@ class CoAttentionEngine:
                         last_len_heads=views["last_len"].unsqueeze(1).expand(rows, heads),
                         **{name: view for name, view in views.items() if not name.endswith("_table")},
                         host_table=views.get("host_table"), full_table=views.get("full_table"))
+        if self.pool is not None:
+            plan.resident_pages = views["resident_table"]
         if plan.full_table is not None:
             plan.full_lists = plan.full_table.unsqueeze(1).expand(rows, heads, -1)
             plan.full_counts = plan.num_blocks.unsqueeze(1).expand(rows, heads)

@@ -64,7 +64,7 @@ class LayerStages:
         self.offloaded, self.full_store, self.buffers = engine.offloaded, engine.full_store, engine.buffers
         self.handoff = engine.handoff
         self.scale = engine.shape.softmax_scale
-        self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_blocks > 0
+        self.resident = config.mode in RESIDENT_MODES and self.offloaded.resident_width > 0
         self.cpu_part = config.mode in CPU_MODES
         self.recalls = engine.recall_budget is not None  # scout, recall on, a resident buffer
         self.splits = engine.cpu_split is not None  # the CPU split: the device reads a share of the CPU list itself
@@ -145,10 +145,10 @@ class LayerStages:
         rows, impl, config = plan.rows, self.stage_impl, self.config
         scores = chosen.scores[:rows, :, : plan.host_table.shape[1]]
         self.score(layer, q, store, plan.host_table, scores)
-        select_blocks(scores, plan.num_full, topk=config.topk_blocks, num_sink_blocks=config.sink_blocks,
+        select_blocks(scores, plan.num_full, topk=self.engine.select_width, num_sink_blocks=config.sink_blocks,
                       num_local_blocks=config.local_blocks, out_selected=chosen.selected[:rows],
                       out_counts=chosen.counts[:rows], previous=self.engine.previous.get(layer), slots=plan.slots,
-                      counters=self.buffers.counters[layer], impl=impl, validate=False)
+                      counters=self.buffers.counters[layer], row_topk=plan.row_topk, impl=impl, validate=False)
         if self.resident:
             recall = "selected" if config.mode == "infinigen" else None
             if trace is None:

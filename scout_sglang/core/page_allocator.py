@@ -63,6 +63,16 @@ class PageAllocator:
         self._tables.setdefault(request_id, []).extend(pages)
         return pages
 
+    def release_last(self, request_id: int, count: int) -> list[int]:
+        """Free the last `count` pages of a request's table (a quota that shrinks); returns them."""
+        pages = self._tables.get(request_id, [])
+        if not 0 <= count <= len(pages):
+            raise ValueError(f"{self.name}: request {request_id} holds {len(pages)} pages, {count} cannot be freed")
+        freed = pages[len(pages) - count:]
+        del pages[len(pages) - count:]
+        self._free.extend(reversed(freed))
+        return freed
+
     def release(self, request_id: int) -> int:
         """Free every page of a request; returns how many. Unknown ids free nothing."""
         pages = self._tables.pop(request_id, [])

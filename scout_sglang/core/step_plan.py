@@ -64,6 +64,7 @@ class StepPlan:
     window_append_page: torch.Tensor | None = None  # [rows] device page of the step's token
     fill_host_row: torch.Tensor | None = None  # [rows] host page of the block the token completes, else scratch
     host_delta: torch.Tensor | None = None  # [rows, 2] (cell, page) the host changed in the host table (device_tables)
+    resident_delta: torch.Tensor | None = None  # [rows, 2] resident-first: (cell, page) of the resident columns' table
     host_started: torch.Tensor | None = None  # [rows] cell whose page is the token's slot // S (assigned pages)
     fill_host_cell: torch.Tensor | None = None  # [rows] the cell holding fill_host_row
     leaving_block: torch.Tensor | None = None  # [rows] the block leaving the local window in this step, else PAD
@@ -72,6 +73,7 @@ class StepPlan:
     recall_quota: torch.Tensor | None = None  # [rows, Hkv] blocks one resident row may take in per phase
     recall_cap: torch.Tensor | None = None  # [rows, Hkv] blocks scout's recall may move per row (recall_budget.py)
     cpu_cap: torch.Tensor | None = None  # [rows, L_offloaded] CPU-list entries per KV head the workers take (cpu_split.py)
+    row_topk: torch.Tensor | None = None  # [rows] resident-first: the row's k (exact rows: every block; resident_pool.py)
     # device-full layers (full, quest, dense layers)
     full_table: torch.Tensor | None = None  # [rows, NB] device page of each block
     num_blocks: torch.Tensor | None = None  # [rows] blocks including the partial tail
@@ -176,7 +178,7 @@ class PlanBuffer:
 def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int, config,
                 num_kv_heads: int, offloaded, full_store, offloaded_layers, recall_quota: int, tables: dict,
                 changes: dict, started: dict, recall_cap: torch.Tensor | None = None,
-                cpu_caps: list[int] | None = None):
+                cpu_caps: list[int] | None = None, exact: list[bool] | None = None):
     """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
@@ -185,6 +187,8 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
     last step (at most one per row); started: per assigned table the rows whose token starts a block the device
     assigns (its page from the token's slot). recall_cap: [B, Hkv] scout's recall caps, or None (no recall).
     cpu_caps: the CPU split's cap of each offloaded layer (the same for every row), or None (no split).
+    exact: resident-first serving (resident_pool.py): per request, whether all its blocks fit its quota (it selects
+    every block and fills its whole resident row); None: a fixed resident buffer, whose pages the plan carries.
     Every tensor here is O(batch): the page tables stay on the device."""
     size, heads, batch_size = config.block_size, num_kv_heads, len(slots)
     after = torch.tensor(num_tokens, dtype=torch.long)
@@ -214,14 +218,22 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
         leaving_page = window_rows.gather(1, ring_index(leaving.clamp(min=0), sink, local).view(-1, 1)).view(-1)
         fields.update(window_pages=pad_where(valid, window_rows.gather(1, ring)),
                       forced_blocks=pad_where(valid & (blocks < num_full.view(-1, 1)), blocks),
-                      resident_pages=offloaded.resident_page_table[slot_index], window_append_page=append_page,
+                      window_append_page=append_page,
                       fill_host_cell=torch.where(fills, slot_index * host.width + token_block, host.constant_cell()),
                       leaving_block=pad_where(leaves, leaving), leaving_page=pad_where(leaves, leaving_page),
                       recall_quota=torch.full((batch_size, heads), recall_quota))
-        padding.update(window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK,
-                       resident_pages=offloaded.device_scratch_page, window_append_page=offloaded.device_scratch_page,
+        padding.update(window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK, window_append_page=offloaded.device_scratch_page,
                        fill_host_cell=host.constant_cell(), leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
                        recall_quota=0)
+        if exact is None:  # a fixed resident buffer per slot
+            fields["resident_pages"] = offloaded.resident_page_table[slot_index]
+            padding["resident_pages"] = offloaded.device_scratch_page
+        else:  # resident-first: exact rows select every block and fill their whole row at once
+            from scout_sglang.core.resident_pool import exact_row_fields
+
+            fields.update(exact_row_fields(exact, width=offloaded.resident_width, forced=sink + local,
+                                           topk=config.topk_blocks, recall_quota=recall_quota, num_kv_heads=heads))
+            padding["row_topk"] = 0
         if recall_cap is not None:
             fields["recall_cap"] = recall_cap
             padding["recall_cap"] = 0

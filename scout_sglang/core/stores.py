@@ -58,6 +58,7 @@ from scout_sglang.layout import PAD_BLOCK, VALUE_SUMMARY_ROWS
 
 # Host markers of pages only the device knows are below this (AssignedPages.assign_unknown).
 DEVICE_ONLY = -(2**30)
+POOL_OWNER = -1  # the device page allocator's holder of the resident pool's pages
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -342,14 +343,20 @@ class OffloadedStore:
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
                  borrowed: BorrowedHostStore | None = None, assigned_pages: bool = False, selection_runs: bool = False,
-                 recall_brake: bool = False, value_summaries: bool = False):
+                 recall_brake: bool = False, value_summaries: bool = False, resident_pool: int | None = None):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
         self.local_blocks = local_blocks
         self.resident_blocks = resident_blocks
         self.window_width = sink_blocks + local_blocks + 1  # W: sink, local ring and the tail
-        self.pages_per_request = self.window_width + resident_blocks
+        # Resident-first serving (resident_pool.py): a row as wide as a request's blocks outside its window, its
+        # pages from one pool of `resident_pool` pages at the start of the device store; else resident_blocks
+        # pages per slot, allocated with its window.
+        pooled = resident_pool is not None
+        self.resident_width = max(resident_blocks, max_blocks - sink_blocks - local_blocks) if pooled \
+            else resident_blocks
+        self.pages_per_request = self.window_width + (0 if pooled else resident_blocks)
         self.device = device
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
         self.borrowed = borrowed is not None
@@ -386,21 +393,29 @@ class OffloadedStore:
         summary_shape = (num_host_pages + 1, num_kv_heads, VALUE_SUMMARY_ROWS, head_dim)
         self.value_summary = {layer: torch.zeros(summary_shape, dtype=dtype, device=device)
                               for layer in (self.layers if value_summaries else ())}
-        num_device_pages = max_requests * self.pages_per_request
+        num_device_pages = max_requests * self.pages_per_request + (resident_pool or 0)
         self.device_scratch_page = num_device_pages
         device_shape = (num_device_pages + 1, num_kv_heads, block_size, head_dim)
         self.dev_k = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
         self.dev_v = {layer: torch.zeros(device_shape, dtype=dtype, device=device) for layer in self.layers}
         self.host_pages = self.host_tables.pages
         self.device_pages = PageAllocator(num_device_pages, name="device window/resident pages")
-        # Device pages of each slot's window (sink, ring) and resident slots, set at admission.
+        self.pool = None
+        if pooled:  # its pages come first, held by the pool for good; windows are allocated after them
+            from scout_sglang.core.resident_pool import ResidentPool
+
+            self.device_pages.allocate(POOL_OWNER, resident_pool)
+            self.pool = ResidentPool(resident_pool, first_page=0, max_requests=max_requests,
+                                     width=self.resident_width, floor=resident_blocks)
+        # Device pages of each slot's window (sink, ring) and resident slots, set at admission (pooled: by quota).
         self.window_page_table = torch.full((max_requests, self.window_width), PAD_BLOCK, dtype=torch.int32)
-        self.resident_page_table = torch.full((max_requests, resident_blocks), PAD_BLOCK, dtype=torch.int32)
+        self.resident_page_table = self.pool.table if pooled else \
+            torch.full((max_requests, resident_blocks), PAD_BLOCK, dtype=torch.int32)
         # Per request slot, and one more: the padding slot of a step's padding rows (a captured graph's batch
         # size past its requests), whose row stays empty.
         self.padding_slot = max_requests
         self.resident_map = {
-            layer: torch.full((max_requests + 1, num_kv_heads, resident_blocks), PAD_BLOCK, dtype=torch.int32,
+            layer: torch.full((max_requests + 1, num_kv_heads, self.resident_width), PAD_BLOCK, dtype=torch.int32,
                               device=device)
             for layer in self.layers
         }
@@ -411,14 +426,15 @@ class OffloadedStore:
         # row's back-off state.
         self.recall_runs = {layer: new_runs(max_requests + 1, num_kv_heads, max_blocks, device)
                             for layer in (self.layers if selection_runs else ())}
-        self.recall_state = {layer: new_state(max_requests + 1, num_kv_heads, resident_blocks, device)
+        self.recall_state = {layer: new_state(max_requests + 1, num_kv_heads, self.resident_width, device)
                              for layer in (self.layers if recall_brake else ())}
 
     # -- per-request pages -------------------------------------------------
     def admit(self, rid: int, slot: int) -> None:
         pages = self.device_pages.allocate(rid, self.pages_per_request)
         self.window_page_table[slot] = torch.tensor(pages[: self.window_width], dtype=torch.int32)
-        self.resident_page_table[slot] = torch.tensor(pages[self.window_width:], dtype=torch.int32)
+        if self.pool is None:
+            self.resident_page_table[slot] = torch.tensor(pages[self.window_width:], dtype=torch.int32)
         for layer in self.layers:
             self.resident_map[layer][slot] = PAD_BLOCK
             self.resident_ready[layer][slot] = 0
@@ -430,6 +446,9 @@ class OffloadedStore:
     def release(self, rid: int, slot: int) -> None:
         self.host_tables.release(rid, slot)
         self.device_pages.release(rid)
+        if self.pool is not None:
+            self.pool.release(rid, slot)
+            self.pool.exact.pop(rid, None)
 
     def ensure_full_blocks(self, rid: int, slot: int, num_full: int) -> None:
         self.host_tables.ensure(rid, slot, num_full)
@@ -449,6 +468,8 @@ class OffloadedStore:
         return pages[self.sink_blocks + (block - self.sink_blocks) % (self.local_blocks + 1)]
 
     def resident_page(self, rid: int, slot_index: int) -> int:
+        if self.pool is not None:
+            return self.pool.first_page + self.pool.page_list(rid)[slot_index]
         return self.device_pages.table(rid)[self.window_width + slot_index]
 
     def window_blocks(self, num_tokens: int) -> list[int]:

@@ -62,6 +62,8 @@ class StepTelemetry:
     cpu_fallbacks: dict[str, int] = field(default_factory=dict)  # cause -> layers whose CPU part the layer computed
     bad_page_requests: dict[int, str] = field(default_factory=dict)  # request slot -> the bad host page found in its lists
     recall_cap_bytes: int = 0  # the recall cap of the steps it covers, summed (core/recall_budget.py)
+    exact_requests: int = 0  # resident-first: requests attended over every block, summed over the steps it covers
+    pool_pages_used: int = 0  # resident-first: pages of the resident pool held at its last step (core/resident_pool.py)
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())
@@ -96,6 +98,8 @@ class StepTelemetry:
             "recalled_blocks": total.recalled_blocks,
             "recall_bytes": total.recall_bytes,
             "recall_cap_bytes": self.recall_cap_bytes,
+            "exact_requests": self.exact_requests,
+            "pool_pages_used": self.pool_pages_used,
             "withheld_blocks": total.withheld_blocks,
             "backed_off_rows": total.backed_off_rows,
             "cpu_wait_ms": round(1e3 * total.cpu_wait_s, 3),

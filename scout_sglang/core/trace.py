@@ -33,6 +33,8 @@ class LayerDecision:
     resident_after: list | None = None  # [B][Hkv][R] after this layer's recall
     zero_copy_blocks: list | None = None  # [B][Hkv] the CPU split's device share, read from the host store
     cpu_cap: list | None = None  # [B] the CPU split's cap of each row (None: no split)
+    quotas: list | None = None  # [B] resident-first: each request's resident columns with a page (None: fixed buffer)
+    exact: list | None = None  # [B] resident-first: the request selects every block (its blocks fit its quota)
 
     @property
     def recalled(self) -> list:
@@ -111,6 +113,9 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
         block_of = [{page: block for block, page in enumerate(row)} for row in table]
         zero_copy = [[[block_of[b].get(page, PAD_BLOCK) for page in head] for head in row] for b, row in enumerate(pages)]
         caps = engine.plan.cpu_cap[: len(batch), engine.offloaded_layers.index(layer)].tolist()
+    pool = engine.pool
     return LayerDecision(engine._step_index, layer, [s.rid for s in batch], counts_after, offloaded=True,
                          selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident,
-                         zero_copy_blocks=zero_copy, cpu_cap=caps)
+                         zero_copy_blocks=zero_copy, cpu_cap=caps,
+                         quotas=None if pool is None else [pool.quota(s.rid) for s in batch],
+                         exact=None if pool is None else [pool.exact[s.rid] for s in batch])

@@ -46,6 +46,8 @@ class OracleReport:
     capped_blocks: int = 0  # scout recall candidates left for lack of cap (or of victims)
     backed_off_rows: int = 0  # (step, layer, request, head) rows whose recall brake was above level 0
     zero_copy_blocks: int = 0  # the CPU split's device share
+    exact_rows: int = 0  # resident-first: (step, layer, request, head) rows that selected every block
+    quota_shrinks: int = 0  # resident-first: (layer, request, head) rows compacted to a smaller quota
     by_mode: Counter = field(default_factory=Counter)
 
 
@@ -64,10 +66,12 @@ def expects_prediction(config, layer) -> bool:
             and expects_offloaded(config, layer))
 
 
-def check_topk(selected, scores, num_full, config, where):
-    """selected is a top-k of scores with the forced blocks first, best first after them."""
+def check_topk(selected, scores, num_full, config, where, *, topk=None):
+    """selected is a top-k of scores (k: topk, else the budget's) with the forced blocks first, best first after
+    them."""
     forced = set(range(min(config.sink_blocks, num_full))) | set(range(max(num_full - config.local_blocks, 0), num_full))
-    assert len(selected) == min(config.topk_blocks, num_full), f"{where}: {len(selected)} blocks selected"
+    topk = config.topk_blocks if topk is None else topk
+    assert len(selected) == min(topk, num_full), f"{where}: {len(selected)} blocks selected"
     assert len(set(selected)) == len(selected), f"{where}: a block selected twice: {selected}"
     assert forced <= set(selected), f"{where}: forced blocks {sorted(forced - set(selected))} not selected"
     rest = [j for j in selected if j not in forced]
@@ -92,6 +96,9 @@ class Oracle:
         self.resident = {}  # (rid, layer) -> [Hkv][R] after the last step it decoded
         self.runs, self.brakes = {}, {}  # (rid, layer, head) -> {block: (position, run)} / policy.Brake
         self.filled = set()
+        # resident-first (core/resident_pool.py): per (rid, layer, head) the quota and exactness last seen, and the
+        # last selection (what a shrinking quota keeps first)
+        self.quota, self.exact, self.last_selected = {}, {}, {}
         self.report = OracleReport()
 
     def check(self, decisions, outputs) -> OracleReport:
@@ -140,9 +147,11 @@ class Oracle:
         window = policy.window_blocks(n, c.block_size, c.sink_blocks, c.local_blocks)
         forced = policy.forced_blocks(n, c.block_size, c.sink_blocks, c.local_blocks)
         selected = [] if decision.selected is None else decision.selected[b][h]
+        exact = decision.exact is not None and decision.exact[b]  # resident-first: every block selected
+        self.report.exact_rows += int(exact)
         if num_full:
             assert decision.selected is not None, f"{where}: {num_full} full blocks but no selection"
-            check_topk(selected, scores, num_full, c, where)
+            check_topk(selected, scores, num_full, c, where, topk=num_full if exact else None)
         else:
             assert selected == [], f"{where}: a selection without a full block"
         resident = self._check_resident(decision, b, h, n, selected, scores, where) if c.mode in ("scout", "infinigen") else []
@@ -171,19 +180,37 @@ class Oracle:
     def _check_resident(self, decision, b, h, n, selected, scores, where) -> list[int]:
         """Follow the resident row of (request, layer, head) through the step; returns its blocks at attention."""
         c, rid, layer = self.config, decision.rids[b], decision.layer
-        capacity = c.resident_capacity
+        capacity = len(decision.resident_start[b][h])
         key = (rid, layer, h)
         forced = policy.forced_blocks(n, c.block_size, c.sink_blocks, c.local_blocks)
         before = self.resident.get(key, [policy.EMPTY] * capacity)
+        # resident-first: only the quota's first columns have a page; a shrinking quota keeps the last selection's
+        # blocks first; a request that turns exact is filled again, with every block
+        quota = capacity if decision.quotas is None else decision.quotas[b]
+        exact = decision.exact is not None and decision.exact[b]
+        if quota < self.quota.get(key, quota):
+            before = policy.compact(before, self.last_selected.get(key, []), quota)
+            self.report.quota_shrinks += 1
+            if key in self.brakes:  # its columns moved: the last recall is not judged
+                self.brakes[key].fresh = set()
+        if exact and not self.exact.get(key, False):
+            self.filled.discard(key)
+        self.quota[key], self.exact[key] = quota, exact
+        if selected:
+            self.last_selected[key] = selected
+        assert all(j == policy.EMPTY for j in before[quota:]), f"{where}: blocks past the quota {quota}: {before}"
+        usable, spare = before[:quota], [policy.EMPTY] * (capacity - quota)
         leaving = policy.leaving_block(n, c.block_size, c.sink_blocks, c.local_blocks)
-        start = before if leaving is None else policy.admit_leaving(before, leaving)
+        start = before if leaving is None else policy.admit_leaving(usable, leaving) + spare
         self.report.admitted_blocks += int(start != before)
         assert decision.resident_start[b][h] == start, (
             f"{where}: resident {decision.resident_start[b][h]} at the step's start, expected {start}")
         at_attend = start
         order = [j for j in selected if j not in set(forced)]
         if selected and key not in self.filled:
-            at_attend = policy.bring_in(at_attend, order, set(selected), None)
+            fill_quota = quota if exact else c.recall_quota  # an exact row takes every block at once
+            wanted = [j for j in order if j not in at_attend][:fill_quota]
+            at_attend = policy.bring_in(at_attend[:quota], wanted, set(selected), None) + spare
             self.filled.add(key)
             self.report.first_fills += 1
         if c.mode == "infinigen" and selected:
@@ -204,10 +231,11 @@ class Oracle:
                                       batch_size=len(decision.rids), num_kv_heads=self.shape.num_kv_heads,
                                       step=decision.step)
             brake = self.brakes.setdefault(key, policy.Brake())
-            after, withheld, left = policy.scout_recall(now, config=c, brake=brake,
+            after, withheld, left = policy.scout_recall(now[:quota], config=c, brake=brake,
                                         runs=self.runs.setdefault(key, {}), selected=selected,
                                         cpu=cpu, scores=scores, due=due, cap=caps[b][h],
                                         position=n)
+            after = after + spare
             self.report.withheld_blocks += withheld
             self.report.capped_blocks += left
             self.report.backed_off_rows += int(brake.level > 0)

@@ -1,0 +1,164 @@
+"""Resident-first serving: one device page pool for the offloaded layers' resident blocks, shared by the requests.
+
+Without it each request slot owns a fixed resident buffer of `resident_blocks`
+pages. With it (ScoutConfig.resident_first) a slot's resident row is as wide as
+a request can have blocks outside its window (R, the ceiling), and only its
+first `quota` columns have a page, from one pool; the others hold PAD, which
+the resident-buffer stage never fills (kernels/stage_recall.py). The quota is
+data in the step's tables, never a shape.
+
+    quota(request) = water-filled share of the pool over the admitted requests,
+                     each asking for max(resident_blocks, its blocks outside the window)
+                     (so at least resident_blocks, at most all of its blocks)
+    exact(request) = quota >= its blocks outside the window
+
+An exact request selects every block (the select stage's row_topk) and takes
+them all into its resident row at its next fill (its fill flags are cleared
+when it turns exact, its fill quota is its whole row): the device part then
+attends every block, as full attention does, and its CPU list is empty. When
+the batch grows and the quota falls below its blocks, the request goes back to
+the budget's top-k with its resident row as the cache: the row is compacted
+first, per layer and KV head, keeping the blocks of its last selection best
+first (the lowest-scoring go first, unselected ones before any selected), and
+the pages past the new quota return to the pool. That copy happens between
+steps, on the device; nothing else waits.
+
+Host work per step is O(requests): the quotas are sums of host counts, and a
+quota change moves its columns to the device table like any page-table change
+(device_tables.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from scout_sglang.core.stores import SlotPageTable
+from scout_sglang.kernels.recall_brake import FRESH, MOVED
+from scout_sglang.layout import PAD_BLOCK
+
+
+def water_fill(demands: list[int], pages: int) -> list[int]:
+    """Split `pages` over requests with these demands: each gets min(demand, level), the level the highest the pages
+    allow; the pages left below a whole level go one each to the largest demands' requests, the earlier first."""
+    order = sorted(range(len(demands)), key=lambda i: (demands[i], i))
+    given, left = [0] * len(demands), pages
+    for position, i in enumerate(order):
+        remaining = len(order) - position
+        share = left // remaining
+        if demands[i] <= share:
+            given[i], left = demands[i], left - demands[i]
+            continue
+        extra = left - share * remaining
+        for offset, j in enumerate(order[position:]):
+            given[j] = share + (1 if offset >= remaining - extra else 0)
+        return given
+    return given
+
+
+def exact_row_fields(exact: list[bool], *, width: int, forced: int, topk: int, recall_quota: int,
+                     num_kv_heads: int) -> dict[str, torch.Tensor]:
+    """The step plan's fields of resident-first rows, from each request's exactness: row_topk [B] (an exact row
+    selects every block: as many as its row holds plus the forced ones; the others the budget's top-k) and
+    recall_quota [B, Hkv] (an exact row's fill takes its whole row at once; the others the configured quota)."""
+    exact_rows = torch.tensor(exact, dtype=torch.bool)
+    return dict(row_topk=torch.where(exact_rows, width + forced, topk),
+                recall_quota=torch.where(exact_rows.view(-1, 1), width, recall_quota).expand(-1, num_kv_heads))
+
+
+class ResidentPool(SlotPageTable):
+    """The pool's pages and each slot's resident columns (host table [slots, R], PAD past the quota), kept on the
+    device by a DeviceTable like any page table.
+
+    Parameters
+    ----------
+    num_pages : the pool's pages; the device store's pages [first_page, first_page + num_pages) are the pool's
+    first_page : where the pool starts in the device store
+    max_requests, width : request slots and R, the resident columns of each (the ceiling)
+    floor : resident_blocks, the pages every admitted request keeps
+    """
+
+    def __init__(self, num_pages: int, *, first_page: int, max_requests: int, width: int, floor: int):
+        super().__init__(num_pages, max_requests, width, name="resident pool pages")
+        self.first_page, self.width, self.floor = first_page, width, floor
+        if num_pages < max_requests * floor:
+            raise ValueError(f"the resident pool holds {num_pages} pages, fewer than max_requests x resident_blocks "
+                             f"({max_requests} x {floor}): every admitted request keeps resident_blocks")
+        self.exact: dict[int, bool] = {}  # rid -> attended over all its blocks
+        self.evicted_columns = 0  # resident columns given back by quota shrinkage (each: a block per layer and head)
+
+    def quota(self, rid: int) -> int:
+        return self.pages.count(rid)
+
+    def plan(self, needed: dict[int, int]) -> dict[int, int]:
+        """New quotas of the requests in `needed` (rid -> blocks outside its window): every admitted request."""
+        rids = list(needed)
+        demands = [min(self.width, max(self.floor, needed[rid])) for rid in rids]
+        return dict(zip(rids, water_fill(demands, self.pages.num_pages)))
+
+    def grow(self, rid: int, slot: int, quota: int) -> None:
+        if quota > self.width:
+            raise ValueError(f"resident pool: request {rid} cannot hold {quota} resident columns, its row has "
+                             f"{self.width}")
+        have = self.pages.count(rid)
+        if quota <= have:
+            return
+        new = self.pages.allocate(rid, quota - have)
+        self.table[slot, have:quota] = torch.tensor([self.first_page + p for p in new], dtype=torch.int32)
+        self.mark(slot, have, quota)
+
+    def shrink(self, rid: int, slot: int, quota: int) -> None:
+        have = self.pages.count(rid)
+        if quota >= have:
+            return
+        self.pages.release_last(rid, have - quota)
+        self.table[slot, quota:have] = PAD_BLOCK
+        self.mark(slot, quota, have)
+        self.evicted_columns += have - quota
+
+    def usage(self) -> dict:
+        return {"pages": self.pages.num_pages, "used": self.pages.num_used,
+                "exact_requests": sum(self.exact.values()), "requests": len(self.exact),
+                "evicted_columns": self.evicted_columns}
+
+
+def compact_row(resident: torch.Tensor, slot: int, keep: int, pages: torch.Tensor, last_selection: torch.Tensor,
+                dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
+                brake_state: torch.Tensor | None = None) -> None:
+    """Before a slot's quota falls to `keep` columns: per KV head, move the blocks to keep into columns [0, keep)
+    (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last selection, best first
+    (its order); then the other held blocks, by column. Device ops on the stream, between steps; nothing is read
+    back.
+
+    resident : [slots, Hkv, R] int32 the layer's resident map; pages : [R] int32 (device) the slot's column pages
+    before the change; last_selection : [slots, Hkv, K] int32 the layer's last selection by slot (PAD past it);
+    dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is below);
+    brake_state : the layer's recall brake state, whose judgement of the slot's last recall is dropped (its
+    columns moved)."""
+    rows = resident[slot]  # [Hkv, R]
+    num_kv_heads, width = rows.shape
+    selection = last_selection[slot].long()  # [Hkv, K]
+    topk = selection.shape[1]
+    listed = selection != PAD_BLOCK
+    rank = torch.full((num_kv_heads, max_blocks + 1), -1, dtype=torch.long, device=rows.device)  # block -> position
+    positions = torch.arange(topk, device=rows.device).expand_as(selection)
+    rank.scatter_(1, torch.where(listed, selection, max_blocks), torch.where(listed, positions, -1))
+    column = torch.arange(width, device=rows.device).expand_as(rows)
+    held = rows != PAD_BLOCK
+    position = rank.gather(1, torch.where(held, rows.long(), max_blocks))
+    key = torch.where(held & (position >= 0), position, torch.where(held, topk + column, topk + width + column))
+    order = torch.sort(key, dim=1, stable=True).indices[:, :keep]  # [Hkv, keep] source columns
+    kept = rows.gather(1, order)
+    head = torch.arange(num_kv_heads, device=rows.device).view(-1, 1)
+    src = pages.long()[order] * num_kv_heads + head
+    dst = pages.long()[:keep].view(1, -1) * num_kv_heads + head
+    scratch = (dev_k.shape[0] - 1) * num_kv_heads + head  # the store's scratch page: the rows that move nothing
+    moves = (kept != PAD_BLOCK) & (src != dst)
+    src, dst = torch.where(moves, src, scratch).flatten(), torch.where(moves, dst, scratch).flatten()
+    for store in (dev_k, dev_v):
+        flat = store.view(-1, *store.shape[2:])
+        flat[dst] = flat[src]  # the right side is gathered first: overlapping moves are safe (no mask: no sync)
+    resident[slot, :, :keep] = kept
+    resident[slot, :, keep:] = PAD_BLOCK
+    if brake_state is not None:
+        brake_state[slot, :, MOVED] = 0
+        brake_state[slot, :, FRESH:] = 0

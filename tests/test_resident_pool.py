@@ -1,0 +1,180 @@
+"""Resident-first serving (core/resident_pool.py): the pool's shares, its pages, the compaction of a shrinking row,
+and an engine whose load ramps up and down: exact while the pool holds every block, sparse with no failure when it
+does not, exact again when the load falls. Every decision through the switch: test_engine_oracle.py."""
+
+import random
+
+import pytest
+import torch
+
+from scout_sglang import reference
+from scout_sglang.config import ScoutConfig
+from scout_sglang.core.engine import CoAttentionEngine
+from scout_sglang.core.resident_pool import ResidentPool, compact_row, exact_row_fields, water_fill
+from scout_sglang.core.shape import ModelShape
+from scout_sglang.layout import PAD_BLOCK
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_water_fill_gives_each_its_demand_or_the_level_and_no_page_twice():
+    assert water_fill([3, 10, 20], 24) == [3, 10, 11]
+    assert water_fill([3, 10, 20], 100) == [3, 10, 20]
+    assert water_fill([9, 9, 9], 25) == [8, 8, 9]
+    assert water_fill([], 10) == []
+    rng = random.Random(0)
+    for _ in range(300):
+        demands = [rng.randrange(0, 30) for _ in range(rng.randrange(1, 9))]
+        pages = rng.randrange(0, 150)
+        given = water_fill(demands, pages)
+        assert sum(given) == min(pages, sum(demands))
+        assert all(0 <= g <= d for g, d in zip(given, demands))
+        short = [g for g, d in zip(given, demands) if g < d]  # the ones the level cut: nobody has more than +1
+        assert all(g >= max(given) - 1 for g in short)
+
+
+def test_quotas_keep_the_floor_and_stop_at_the_row():
+    pool = ResidentPool(40, first_page=0, max_requests=4, width=12, floor=6)
+    quotas = pool.plan({0: 0, 1: 30, 2: 8, 3: 2})
+    assert quotas == {0: 6, 1: 12, 2: 8, 3: 6}  # floor for the short ones, the row's width at most
+    quotas = pool.plan({0: 20, 1: 20, 2: 20, 3: 0})
+    assert quotas[3] == 6 and sum(quotas.values()) == 40 and min(quotas.values()) >= 6
+    with pytest.raises(ValueError, match="fewer than max_requests x resident_blocks"):
+        ResidentPool(23, first_page=0, max_requests=4, width=12, floor=6)
+
+
+def test_a_quota_grows_and_shrinks_by_its_last_columns_and_frees_their_pages():
+    pool = ResidentPool(10, first_page=100, max_requests=2, width=6, floor=2)
+    pool.grow(7, 1, 5)
+    pages = pool.table[1, :5].tolist()
+    assert sorted(pages) == list(range(100, 105)) and pool.table[1, 5] == PAD_BLOCK
+    pool.take_dirty()
+    pool.shrink(7, 1, 2)
+    assert pool.table[1, :2].tolist() == pages[:2] and set(pool.table[1, 2:].tolist()) == {PAD_BLOCK}
+    assert pool.take_dirty() == {1: (2, 5)} and pool.evicted_columns == 3 and pool.pages.num_free == 8
+    with pytest.raises(ValueError, match="its row has 6"):
+        pool.grow(8, 0, 7)
+    pool.grow(8, 0, 6)
+    pool.pages.check_consistent()
+    pool.release(7, 1)
+    pool.release(8, 0)
+    assert pool.pages.num_free == 10
+
+
+def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_their_data():
+    heads, width, size, dim = 2, 5, 2, 3
+    resident = torch.full((3, heads, width), PAD_BLOCK, dtype=torch.int32)
+    resident[1, 0] = torch.tensor([4, 9, PAD_BLOCK, 2, 7])
+    resident[1, 1] = torch.tensor([5, PAD_BLOCK, 3, 8, PAD_BLOCK])
+    last = torch.full((3, heads, 4), PAD_BLOCK, dtype=torch.int32)
+    last[1, 0] = torch.tensor([0, 7, 2, PAD_BLOCK])  # block 0 is forced (never resident)
+    last[1, 1] = torch.tensor([3, PAD_BLOCK, PAD_BLOCK, PAD_BLOCK])
+    pages = torch.tensor([10, 11, 12, 13, 14], dtype=torch.int32)
+    dev_k = torch.randn(16, heads, size, dim)
+    dev_v = torch.randn(16, heads, size, dim)
+    k_before, v_before = dev_k.clone(), dev_v.clone()
+    state = torch.ones(3, heads, 3 + width, dtype=torch.int32)
+    compact_row(resident, 1, 3, pages, last, dev_k, dev_v, max_blocks=12, brake_state=state)
+    assert resident[1, 0].tolist() == [7, 2, 4, PAD_BLOCK, PAD_BLOCK]  # selected best first, then by column
+    assert resident[1, 1].tolist() == [3, 5, 8, PAD_BLOCK, PAD_BLOCK]
+    old_column = {0: {7: 4, 2: 3, 4: 0}, 1: {3: 2, 5: 0, 8: 3}}
+    for h in range(heads):
+        for column, block in enumerate(resident[1, h, :3].tolist()):
+            source = int(pages[old_column[h][block]])
+            assert torch.equal(dev_k[int(pages[column]), h], k_before[source, h])
+            assert torch.equal(dev_v[int(pages[column]), h], v_before[source, h])
+    assert torch.equal(resident[0], torch.full((heads, width), PAD_BLOCK, dtype=torch.int32))  # other slots kept
+    assert state[1, :, 2].tolist() == [0, 0] and state[1, :, 3:].sum() == 0 and state[0].sum() == heads * 8
+
+
+def test_exact_rows_select_every_block_and_fill_their_whole_row():
+    fields = exact_row_fields([True, False], width=20, forced=3, topk=6, recall_quota=4, num_kv_heads=2)
+    assert fields["row_topk"].tolist() == [23, 6]
+    assert fields["recall_quota"].tolist() == [[20, 20], [4, 4]]
+
+
+SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
+
+
+class Ramp:
+    """Requests that join and leave an engine; the truth of every token's K/V, for dense attention."""
+
+    def __init__(self, engine, seed=0):
+        self.engine, self.gen = engine, torch.Generator().manual_seed(seed)
+        self.kv = {}
+
+    def join(self, rid, length):
+        self.engine.add_request(rid)
+        for layer in range(SHAPE.num_layers):
+            k, v = self._randn(length, SHAPE.num_kv_heads), self._randn(length, SHAPE.num_kv_heads)
+            self.kv[rid, layer] = (k, v)
+            self.engine.prefill(rid, layer, k, v)
+
+    def leave(self, rid):
+        self.engine.release_request(rid)
+
+    def step(self, rids):
+        """One decode step -> (per rid: its largest error against dense attention over all layers, exact or not),
+        telemetry."""
+        engine, batch = self.engine, len(rids)
+        engine.begin_step(rids)
+        exact = {rid: engine.pool.exact[rid] for rid in rids}
+        errors = {rid: 0.0 for rid in rids}
+        for layer in range(SHAPE.num_layers):
+            q = self._randn(batch, SHAPE.num_qo_heads)
+            k_new, v_new = self._randn(batch, SHAPE.num_kv_heads), self._randn(batch, SHAPE.num_kv_heads)
+            if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
+                engine.predict(layer + 1, self._randn(batch, SHAPE.num_qo_heads))  # a poor prediction
+            out = engine.attend(layer, q, k_new, v_new)
+            for b, rid in enumerate(rids):
+                k, v = self.kv[rid, layer]
+                k, v = torch.cat([k, k_new[b: b + 1]]), torch.cat([v, v_new[b: b + 1]])
+                self.kv[rid, layer] = (k, v)
+                dense = reference.dense_decode(q[b], k, v, scale=SHAPE.softmax_scale)[0]
+                errors[rid] = max(errors[rid], (out[b] - dense).abs().max().item())
+        return errors, exact, engine.end_step()
+
+    def _randn(self, *shape):
+        return torch.randn(*shape, SHAPE.head_dim, generator=self.gen)
+
+
+def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exact_again_after():
+    """Pool of 4 x 6 pages; requests of ~100 tokens need 9-12 blocks outside the window: one or two fit (exact:
+    dense attention, no CPU part, though the prediction is poor), four do not (sparse: the CPU part works, the rows
+    shrink to the floor); when three leave, the last is filled again and exact."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp = Ramp(engine)
+    seen = {"exact": 0, "sparse": 0, "sparse_cpu": 0}
+    try:
+        for phase, rids in enumerate([[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [3]]):
+            for rid in rids:
+                if rid not in engine.requests:
+                    ramp.join(rid, 96 + 5 * rid)
+            for rid in list(engine.requests):
+                if rid not in rids:
+                    ramp.leave(rid)
+            for _ in range(10):
+                errors, exact, telemetry = ramp.step(rids)
+                for rid in rids:
+                    if exact[rid]:
+                        assert errors[rid] < 2e-5, (phase, rid, errors[rid])
+                        seen["exact"] += 1
+                    else:
+                        seen["sparse"] += 1
+                if all(exact.values()):
+                    assert telemetry.totals().cpu_blocks == 0, phase
+                elif phase == 3:
+                    seen["sparse_cpu"] += telemetry.totals().cpu_blocks
+                assert telemetry.exact_requests == sum(exact.values())
+            quotas = [engine.pool.quota(rid) for rid in rids]
+            if phase == 3:
+                assert quotas == [6, 6, 6, 6] and not any(exact.values())
+            if phase in (0, 4):
+                assert all(exact.values())
+        assert seen["exact"] > 20 and seen["sparse"] > 20 and seen["sparse_cpu"] > 0
+        assert engine.pool.evicted_columns > 0
+    finally:
+        engine.close()
+    engine.pool.pages.check_consistent()

@@ -84,3 +84,15 @@ def test_with_the_cpu_split_the_triton_path_decodes_like_the_torch_path():
     torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
     assert triton_counts == torch_counts
     assert sum(step[1] for step in torch_counts) > 0 and sum(step[-1] for step in torch_counts) > 0
+
+
+def test_resident_first_the_triton_path_decodes_like_the_torch_path():
+    """Resident-first (core/resident_pool.py) with a pool of 7 pages: every request exact at first (each row's k
+    and fill quota from the plan, resident columns from the pool's device table), until the 41-token request
+    outgrows its share and turns sparse, with a CPU part: the same outputs and decisions as the torch path."""
+    settings = dict(resident_first=True, resident_pool_blocks=7)
+    torch_outputs, torch_counts = run("scout", "torch", steps=10, **settings)
+    triton_outputs, triton_counts = run("scout", "triton", steps=10, **settings)
+    torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
+    assert triton_counts == torch_counts
+    assert sum(torch_counts[0][1:2]) == 0 and sum(step[1] for step in torch_counts) > 0  # exact, then a CPU part

@@ -25,14 +25,14 @@ LENGTHS = (20, 41, 7)
 CAPTURED_ROWS = 4  # the graph's batch size: one row more than the requests, a padding row
 
 
-def make_engine(mode, estimate=False, cpu_split="off"):
+def make_engine(mode, estimate=False, cpu_split="off", lengths=LENGTHS, **settings):
     config = ScoutConfig(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                          resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl="triton",
-                         estimate=estimate, cpu_split=cpu_split)
+                         estimate=estimate, cpu_split=cpu_split, **settings)
     engine = CoAttentionEngine(config, SHAPE, device=TRITON_DEVICE, dtype=torch.float32, max_requests=CAPTURED_ROWS,
                                max_tokens_per_request=128, fixed_widths=True)
     gen = torch.Generator().manual_seed(0)
-    for rid, n in enumerate(LENGTHS):
+    for rid, n in enumerate(lengths):
         engine.add_request(rid)
         for layer in range(SHAPE.num_layers):
             k, v = (torch.randn(n, 2, 16, generator=gen).to(TRITON_DEVICE) for _ in range(2))
@@ -92,14 +92,21 @@ def test_with_the_cpu_split_too():
     replays_like_eager("scout", cpu_split="0.0")
 
 
-def replays_like_eager(mode, estimate=False, cpu_split="off"):
-    eager, graph = make_engine(mode, estimate, cpu_split), make_engine(mode, estimate, cpu_split)
+def test_with_resident_first_too():
+    """Resident-first (core/resident_pool.py): each row's k, fill quota and resident pages are plan data and a
+    device table, so one replayed step serves the exact rows (every block selected, no CPU part) and the sparse one
+    (whose quota of 4 resident pages is below its 6-7 blocks) as an eager step does."""
+    replays_like_eager("scout", lengths=(20, 70, 7), resident_first=True)
+
+
+def replays_like_eager(mode, estimate=False, cpu_split="off", lengths=LENGTHS, **settings):
+    eager, graph = (make_engine(mode, estimate, cpu_split, lengths, **settings) for _ in range(2))
     shape = (SHAPE.num_layers, CAPTURED_ROWS)
     q, q_pred, out = (torch.zeros(*shape, 4, 16, device=TRITON_DEVICE) for _ in range(3))  # the static buffers
     k, v = (torch.zeros(*shape, 2, 16, device=TRITON_DEVICE) for _ in range(2))
     replay = capture(graph, q, q_pred, k, v, out)
     gen = torch.Generator().manual_seed(3)
-    rows, eager_totals = len(LENGTHS), []
+    rows, eager_totals = len(lengths), []
     try:
         for step in range(6):  # first fills, block fills and interval recalls among these steps
             inputs = [torch.randn(SHAPE.num_layers, rows, *t.shape[2:], generator=gen).to(TRITON_DEVICE)
@@ -118,6 +125,8 @@ def replays_like_eager(mode, estimate=False, cpu_split="off"):
             replay()
             graph.end_step(read=False)
             torch.testing.assert_close(out[:, :rows], expected, atol=2e-5, rtol=2e-5, msg=lambda m: f"step {step}: {m}")
+            if graph.pool is not None:  # both exact and sparse rows in every step
+                assert [graph.pool.exact[rid] for rid in range(rows)] == [True, False, True]
             assert torch.count_nonzero(out[:, rows:]) == 0, "the padding row attends nothing"
         replayed = graph.collect_telemetry().totals()
         for name in ("selected_blocks", "cpu_blocks", "recalled_blocks", "changed_blocks", "budget_blocks",

@@ -29,6 +29,8 @@ def fields() -> set[str]:
             | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "usage")
             | returned_dict_keys(ROOT / "scout_sglang" / "core" / "engine.py", "cpu_worker_state")
             | returned_dict_keys(ROOT / "cpu_worker" / "core_plan.py", "as_report")
+            | returned_dict_keys(ROOT / "scout_sglang" / "core" / "resident_pool.py", "usage")
+            | {"resident_pool", "recent_exact_share", "resident_pool_pages"}
             | returned_dict_keys(ROOT / "cpu_worker" / "host_memory.py", "page_report")
             | {"tp_rank", "tp_size", "cpu_worker", "cores", "scout_ranks", "host_store_pages"}
             | {"digest_bytes_allocated", "window_and_resident_bytes_allocated", "dense_layer_bytes_allocated"})

@@ -174,7 +174,11 @@ def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exa
             if phase in (0, 4):
                 assert all(exact.values())
         assert seen["exact"] > 20 and seen["sparse"] > 20 and seen["sparse_cpu"] > 0
-        assert engine.pool.evicted_columns > 0
+        state = engine.resident_pool_state()
+        assert state["evicted_columns"] > 0 and state["exact_requests"] == state["requests"] == 1
+        ramp.leave(3)
+        usage = engine.usage()
+        assert usage["resident_pool_pages"] == usage["device_window_pages"] == usage["host_pages"] == 0
     finally:
         engine.close()
     engine.pool.pages.check_consistent()

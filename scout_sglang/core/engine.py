@@ -431,8 +431,18 @@ class CoAttentionEngine:
             "requests": len(self.requests),
             "device_full_pages": self.full_store.pages.num_used,
             "host_pages": self.offloaded.host_pages.num_used,
-            "device_window_pages": self.offloaded.device_pages.num_used,
+            "device_window_pages": self.offloaded.device_pages.num_used - self._pool_reserve(),
+            **({} if self.pool is None else {"resident_pool_pages": self.pool.pages.num_used}),
         }
+
+    def _pool_reserve(self) -> int:
+        """Device pages the resident pool holds for good in the window/resident allocator (0 without it)."""
+        return 0 if self.pool is None else self.pool.pages.num_pages
+
+    def resident_pool_state(self) -> dict | None:
+        """Resident-first serving (resident_pool.py): the pool's pages and their use, the requests attended
+        exactly now, and the resident columns quota shrinkage gave back since start-up; None without it."""
+        return None if self.pool is None else self.pool.usage()
 
     def memory(self) -> dict:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""
@@ -445,7 +455,8 @@ class CoAttentionEngine:
         full_used = full.pages.num_used / (full.pages.num_pages + 1)
         digest_row = sum(t[0].numel() * t.element_size()
                          for t in (*off.digest_min.values(), *off.digest_max.values(), *off.value_summary.values()))
-        window_used = off.device_pages.num_used / (off.device_pages.num_pages + 1)
+        pooled = self._pool_reserve() - (self.pool.pages.num_used if self.pool is not None else 0)  # reserved, unused
+        window_used = (off.device_pages.num_used - pooled) / (off.device_pages.num_pages + 1)
         return {
             "tokens": sum(state.num_tokens for state in self.requests.values()),
             "device_bytes_allocated": full_kv + full_digests + digests + window,

@@ -372,6 +372,9 @@ class ScoutAttnBackend:
         report["tp_rank"], report["tp_size"] = self.place.tp_rank, self.place.tp_size
         report["request_failures"] = dict(self.failures.counts)
         report["cpu_worker"] = self.engine.cpu_worker_state()
+        pool = self.engine.resident_pool_state()  # resident-first serving, or None
+        report["resident_pool"] = None if pool is None else pool | {"recent_exact_share":
+                                                                    self.stats.recent_exact_share()}
         report["cores"] = self.cores.as_report()
         report["host_store_pages"] = self.engine.host_store_pages()  # page kind, share on 2 MiB pages (<= 30 s old)
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,

@@ -63,6 +63,16 @@ GAUGES = {
     "scout_zero_copy_ms_per_step": ("milliseconds of the device's zero-copy reads per decode step (on their own "
                                     "stream, beside the layers' work), over the recent steps",
                                     ("cpu_split", "zero_copy_ms_per_step")),
+    "scout_resident_pool_pages": ("pages of the resident-first pool (one block of every offloaded layer each)",
+                                  ("resident_pool", "pages")),
+    "scout_resident_pool_pages_used": ("pages of the resident-first pool held by requests now",
+                                       ("resident_pool", "used")),
+    "scout_exact_requests": ("requests attended exactly now (resident-first: all their blocks fit their quota)",
+                             ("resident_pool", "exact_requests")),
+    "scout_recent_exact_share": ("share of the recent steps' decoded tokens attended exactly (resident-first)",
+                                 ("resident_pool", "recent_exact_share")),
+    "scout_resident_evicted_columns": ("resident columns given back by shrinking quotas since start-up "
+                                       "(resident-first)", ("resident_pool", "evicted_columns")),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),
     "scout_cpu_device_only": ("1 while the CPU worker is given no work (it kept failing) and each layer computes "
                               "its CPU part itself, else 0", ("cpu_worker", "device_only")),

@@ -134,6 +134,11 @@ class ServingStats:
             "zero_copy_ms_per_step": per_step(1e3 * totals["zero_copy_s"], 4),
         }
 
+    def recent_exact_share(self) -> float:
+        """Resident-first: the share of the recent steps' decoded tokens whose request was attended exactly."""
+        totals = self._recent_totals()
+        return round(totals["exact_requests"] / totals["decoded_tokens"], 4) if totals["decoded_tokens"] else 0.0
+
     def _recent_totals(self) -> dict:
         totals = dict.fromkeys(_RECENT_FIELDS, 0)
         for entry in self.recent:
@@ -144,11 +149,12 @@ class ServingStats:
 
 _RECENT_FIELDS = ("steps", "cpu_blocks", "budget_blocks", "recall_bytes", "recall_cap_bytes", "withheld_blocks",
                   "backed_off_rows", "recall_rows", "cpu_bytes", "zero_copy_bytes", "cpu_wait_s",
-                  "zero_copy_s")
+                  "zero_copy_s", "exact_requests", "decoded_tokens")
 
 
 def _recent_entry(telemetry) -> dict:
     total = telemetry.totals()
     entry = {name: getattr(total, name) for name in _RECENT_FIELDS if hasattr(total, name)}
-    entry.update(steps=telemetry.steps, recall_cap_bytes=telemetry.recall_cap_bytes)
+    entry.update(steps=telemetry.steps, recall_cap_bytes=telemetry.recall_cap_bytes,
+                 exact_requests=telemetry.exact_requests, decoded_tokens=telemetry.decoded_tokens)
     return entry

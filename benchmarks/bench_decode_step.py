@@ -51,7 +51,10 @@ selection's change rate and the recall traffic against its cap per step.
 
 Progress goes to stderr; the last stdout line is one JSON object. Without
 --quick it writes benchmarks/results/decode_step.{md,json,png} and
-recall.{md,json,png}. Benchmarks do not assert.
+recall.{md,json,png}, and load_ramp.{md,json,png}.
+Load ramp (decode_step/load_ramp.py; --only-load-ramp runs it alone): a server of --load-ramp-shape's slots runs
+1, 2, 4, ... requests, scout with and without resident-first: the CPU ratio and the exact share against the load.
+Benchmarks do not assert.
 """
 
 # The parts live in the decode_step package beside this script (see its __init__).
@@ -76,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_step.common import MODES, log, parse_ints  # noqa: E402
 from decode_step.cpu_watch import WatchedWorker, bench_cores, make_worker  # noqa: E402
 from decode_step.hardware import hardware  # noqa: E402
+from decode_step.load_ramp import ramp_summary, run_load_ramp, write_ramp_report  # noqa: E402
 from decode_step.plot import write_plot  # noqa: E402
 from decode_step.recall_report import write_recall_markdown, write_recall_plot  # noqa: E402
 from decode_step.recall_study import recall_summary, rejudge, run_recall_study  # noqa: E402
@@ -122,6 +126,12 @@ def parse_args() -> argparse.Namespace:
                         help="heavy-hitter workload: cosine of the predicted to the real query")
     parser.add_argument("--only-recall", action="store_true",
                         help="run the recall study alone (writes recall.*, leaves decode_step.* as they are)")
+    parser.add_argument("--load-ramp-shape", type=parse_ints, default=[8192, 8],
+                        help="context,slots of the load ramp (scout with and without resident-first at 1, 2, 4, "
+                             "... of slots requests)")
+    parser.add_argument("--load-ramp-steps", type=int, default=5, help="timed steps per load of the ramp")
+    parser.add_argument("--only-load-ramp", action="store_true",
+                        help="run the load ramp alone (writes load_ramp.{md,json,png})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
@@ -154,6 +164,7 @@ def main() -> int:
         args.contexts, args.batches, args.layers, args.steps, args.warmup = [4096], [2], 2, 3, 1
         args.ablation_shape, args.ablation_warmup, args.ablation_steps = "4096,2", 2, 3
         args.recall_shape, args.recall_steps = [4096, 2], 8
+        args.load_ramp_shape, args.load_ramp_steps = [2048, 2], 2
     args.recall_beta = ScoutConfig().recall_beta
 
     device = torch.device(args.device)
@@ -178,6 +189,13 @@ def main() -> int:
     started = time.perf_counter()
     watched = lambda: WatchedWorker(make_worker(threads, args.cpu_impl, device=device, cores=cores,  # noqa: E731
                                                 kernel_impl=args.kernel_impl))
+    ramp = run_load_ramp(args, device=device, make_worker=watched, layer_compute=layer_compute)
+    if args.only_load_ramp:
+        if not args.quick:
+            write_ramp_report(args.out, ramp, hw)
+            log(f"wrote {args.out}/load_ramp.{{md,json,png}}")
+        print(json.dumps({"load_ramp": ramp_summary(ramp)}))
+        return 0
     if not args.only_recall:
         run_sweep(args, report, modes=modes, kind=kind, device=device, make_worker=watched,
                   layer_compute=layer_compute)
@@ -186,13 +204,15 @@ def main() -> int:
     report["total_s"] = time.perf_counter() - started
     log(f"done in {report['total_s']:.0f} s")
 
-    summary = quick_summary(report, args, device) | {"recall": recall_summary(study)}
+    summary = quick_summary(report, args, device) | {"recall": recall_summary(study), "load_ramp": ramp_summary(ramp)}
     if not args.quick:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "recall.json").write_text(json.dumps(dict(hardware=hw, study=study), indent=2) + "\n")
         write_recall_markdown(args.out / "recall.md", study, hw, args.recall_beta)
         write_recall_plot(args.out / "recall.png", study, args.recall_beta)
         log(f"wrote {args.out}/recall.{{md,json,png}}")
+        write_ramp_report(args.out, ramp, hw)
+        log(f"wrote {args.out}/load_ramp.{{md,json,png}}")
         if not args.only_recall:
             (args.out / "decode_step.json").write_text(json.dumps(report, indent=2) + "\n")
             write_markdown(args.out / "decode_step.md", report)

@@ -87,9 +87,9 @@ SHAPE = ModelShape(num_layers=3, num_qo_heads=4, num_kv_heads=2, head_dim=16)
 TOKEN = 2 * 2 * 16 * 2  # K and V of a token in a layer: 2 heads of 16 dims, 2 bytes
 
 
-def small_engine(dense_layers=(), mode="scout", total_pages=None, estimate=False):
+def small_engine(dense_layers=(), mode="scout", total_pages=None, estimate=False, **settings):
     config = ScoutConfig(mode=mode, block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
-                         dense_layers=dense_layers, cpu_groups=1, estimate=estimate)
+                         dense_layers=dense_layers, cpu_groups=1, estimate=estimate, **settings)
     return CoAttentionEngine(config, SHAPE, dtype=torch.bfloat16, max_requests=2, max_tokens_per_request=64,
                              total_pages=total_pages, cpu_worker=False)  # no CPU work here: no threads
 
@@ -177,3 +177,16 @@ def test_on_a_cpu_server_the_device_part_counts_against_host_memory():
     with pytest.raises(RuntimeError, match=r"the scout engine \(host store and, on this CPU device, its device part\) "
                                            r"for 1000 tokens needs .* lower --max-total-tokens"):
         check_engine_memory({**small, "device_bytes_allocated": 2**60}, "cpu", 1000)
+
+
+@pytest.mark.parametrize("pool_blocks", [None, 11])
+def test_with_resident_first_the_plan_is_what_the_engine_allocates(pool_blocks):
+    """Resident-first: one pool of resident pages instead of a buffer per slot (by default as many pages)."""
+    engine = small_engine((0,), "scout", total_pages=37, resident_first=True, resident_pool_blocks=pool_blocks)
+    plan = memory_report.planned_bytes(engine.config, num_layers=3, num_kv_heads=2, head_dim=16, itemsize=2,
+                                       total_pages=37, slots=2)
+    parts = memory_report.device_parts(engine)
+    assert {key: plan[key] for key in parts} == parts
+    plain = memory_report.device_parts(small_engine((0,), "scout", total_pages=37))
+    same = plain["window_and_resident_bytes_allocated"] == parts["window_and_resident_bytes_allocated"]
+    assert same == (pool_blocks is None)

@@ -38,11 +38,11 @@ ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "one
 
 
 def make_engine(mode, batch, num_kv_heads, *, recall_policy="interval", kernel_impl=None, fixed_widths=True,
-                length=70, spread=3, device="cpu", estimate=False, cpu_split="off"):
+                length=70, spread=3, device="cpu", estimate=False, cpu_split="off", **settings):
     shape = ModelShape(num_layers=LAYERS, num_qo_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=6 * BLOCK, resident_blocks=3, cpu_groups=1,
                          dense_layers=(0,), recall_policy=recall_policy, recall_interval=2, local_blocks=1,
-                         kernel_impl=kernel_impl, estimate=estimate, cpu_split=cpu_split)
+                         kernel_impl=kernel_impl, estimate=estimate, cpu_split=cpu_split, **settings)
     engine = CoAttentionEngine(config, shape, device=device, dtype=torch.float32, max_requests=batch,
                                max_tokens_per_request=length + 3 * batch + 32, fixed_widths=fixed_widths)
     gen = torch.Generator().manual_seed(0)
@@ -121,14 +121,24 @@ def test_with_the_cpu_split_and_the_estimate(one_torch_thread):
                    expect={"_sparse_decode_split_kernel": 3})  # the device part, the zero-copy share, the fallback
 
 
-def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off"):
+@requires_triton
+@pytest.mark.triton_interpret
+def test_with_resident_first(one_torch_thread):
+    """Resident-first (core/resident_pool.py): each row's k and fill quota are plan data, the resident columns a
+    device table gathered once per step; no launch more per layer, nothing allocated or read back, the same Python
+    lines at every batch. At batch 1 the request is exact, then outgrows its pool of 3 pages; at 4 (12 pages) one
+    row is exact and three are sparse."""
+    check_launches("scout", ((1, 1), (4, 2)), resident_first=True)
+
+
+def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", **settings):
     """expect: a Triton kernel every offloaded layer launches, or {kernel: how many times}"""
     python = {}
     for batch, num_kv_heads in shapes:
         # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
         run = batch * num_kv_heads <= 8 or TRITON_DEVICE == "cuda"
         engine = make_engine(mode, batch, num_kv_heads, kernel_impl="triton", length=45,  # 48: a block completes
-                             device=TRITON_DEVICE, estimate=estimate, cpu_split=cpu_split)
+                             device=TRITON_DEVICE, estimate=estimate, cpu_split=cpu_split, **settings)
         counters = {}
 
         def per_layer(layer):

@@ -25,7 +25,7 @@ class EngineRun:
     """One engine (mode + switches) on one shape: prefill, then steps on demand, then a summary."""
 
     def __init__(self, args, prompts, *, mode, batch_size, total_steps, device, worker, layer_ahead=True,
-                 recall_policy="adaptive", track_changes=False, label=None, overrides=None):
+                 recall_policy="adaptive", track_changes=False, label=None, overrides=None, max_requests=None):
         from scout_sglang.config import ScoutConfig
         from scout_sglang.core.engine import CoAttentionEngine
         from scout_sglang.core.shape import ModelShape
@@ -41,7 +41,9 @@ class EngineRun:
         config = ScoutConfig(**(fields | (overrides or {})))
         self.recall_policy = config.recall_policy
         self.config = config
-        self.engine = CoAttentionEngine(config, shape, device=device, dtype=torch.bfloat16, max_requests=batch_size,
+        # max_requests: the slots the server is sized for (default: the batch); the load ramp runs fewer
+        self.engine = CoAttentionEngine(config, shape, device=device, dtype=torch.bfloat16,
+                                        max_requests=max_requests or batch_size,
                                         max_tokens_per_request=prompts.context + total_steps + BLOCK_SIZE,
                                         cpu_worker=worker.worker, track_changes=track_changes)  # fmt: skip
         start = time.perf_counter()
@@ -96,6 +98,7 @@ class EngineRun:
             recall_bytes=totals.recall_bytes, dropped_blocks=totals.dropped_blocks,
             recall_cap_bytes=telemetry.recall_cap_bytes, withheld_blocks=totals.withheld_blocks,
             backed_off=totals.backed_off_rows / totals.recall_rows if totals.recall_rows else 0.0,
+            exact_requests=telemetry.exact_requests,
         ))  # fmt: skip
 
     def close(self) -> None:
@@ -131,6 +134,7 @@ class EngineRun:
             recalled_blocks_per_step=statistics.fmean(r["recalled_blocks"] for r in rows),
             recall_mb_per_step=statistics.fmean(r["recall_bytes"] for r in rows) / 1e6,
             dropped_blocks_per_step=statistics.fmean(r["dropped_blocks"] for r in rows),
+            exact_share=statistics.fmean(r["exact_requests"] for r in rows) / self.batch_size,
             curve={key: [r[key] for r in rows] for key in CURVES},
         )  # fmt: skip
 

@@ -615,7 +615,7 @@ class CoAttentionEngine:
         size = self.block_size
         widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
                   "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0),
-                  "resident": self.offloaded.resident_width}
+                  "resident": self._resident_step_width(batch)}
         views |= self.step_tables.apply(views, rows, widths, token_slots if any(self._started.values()) else None,
                                         len(batch))
         self._slots_long[:rows].copy_(views["slots"])
@@ -634,6 +634,14 @@ class CoAttentionEngine:
 
     def _width(self, needed: int) -> int:
         return self.max_blocks if self.fixed_widths else bucket(needed, self.max_blocks)
+
+    def _resident_step_width(self, batch) -> int:
+        """Resident columns the step's stages walk: the row's (fixed widths), or with resident-first the bucket of
+        the batch's largest quota (the columns past it hold nothing in these rows)."""
+        width = self.offloaded.resident_width
+        if self.pool is None or self.fixed_widths:
+            return width
+        return bucket(max((self.pool.quota(s.rid) for s in batch), default=0), width)
 
     # -- one decode step: run, per layer -------------------------------------------
     def wants_prediction(self, layer: int) -> bool:

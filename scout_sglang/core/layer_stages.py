@@ -40,7 +40,7 @@ from scout_sglang.core.cpu_fallback import attend_listed_host_blocks
 from scout_sglang.core.host_wait import blocking_event
 from scout_sglang.core.launch_program import LaunchPrograms
 from scout_sglang.kernels.estimate import UnattendedBlocks, merge_with_estimate
-from scout_sglang.kernels.recall_brake import RecallBrake
+from scout_sglang.kernels.recall_brake import STATE_WORDS, RecallBrake
 from scout_sglang.kernels.stage_append import append_token
 from scout_sglang.kernels.stage_recall import bring_in
 from scout_sglang.kernels.stage_select import select_blocks
@@ -71,7 +71,7 @@ class LayerStages:
         self.estimates = engine.estimates  # the estimate of the unattended blocks, merged with the attended parts
         self.stage_impl = engine.stage_impl
         self.decode_impl = engine.decode_impl
-        self.recall_index = {layer: i for i, layer in enumerate(engine.offloaded_layers)}
+        self.offloaded_index = {layer: i for i, layer in enumerate(engine.offloaded_layers)}  # plan columns per layer
         self.on_cuda = engine.device.type == "cuda"
         # The Triton path replays each layer's recorded launches (launch_program.py); the torch path runs its ops.
         triton = self.stage_impl == "triton" or (self.on_cuda and self.stage_impl is None)
@@ -137,7 +137,20 @@ class LayerStages:
         """What the recorded launches of a layer depend on besides the call's tensors: the plan's layout."""
         plan = self.engine.plan
         return (layer, plan.rows, plan.host_table.shape[1] if plan.host_table is not None else 0,
-                plan.full_table.shape[1] if plan.full_table is not None else 0)
+                plan.full_table.shape[1] if plan.full_table is not None else 0,
+                plan.resident_pages.shape[1] if plan.resident_pages is not None else 0)
+
+    def _resident_rows(self, layer: int) -> torch.Tensor:
+        """The layer's resident map [slots + 1, Hkv, R'] for the step: R' is the plan's resident width (with
+        resident-first, the bucket of the batch's largest quota: every column past it is empty in the step's rows;
+        else the buffer's)."""
+        return self.offloaded.resident_map[layer][:, :, : self.engine.plan.resident_pages.shape[1]]
+
+    def _device_pages(self, layer: int) -> torch.Tensor:
+        """The device part's page lists of the step [rows, Hkv, R' + W]."""
+        plan = self.engine.plan
+        width = plan.resident_pages.shape[1] + plan.window_pages.shape[1] if self.resident else None
+        return self.buffers.of(layer).device_pages[: plan.rows, :, :width]
 
     def select_split(self, layer: int, q: torch.Tensor, *, trace=None) -> None:
         """The front's tensor program: score, select, admit and fill (infinigen: recall), split."""
@@ -159,9 +172,9 @@ class LayerStages:
                 self._bring_in(layer, scores, fill=True, recall=recall)
         cpu = self.handoff is not None
         split_lists(chosen.selected[:rows], chosen.counts[:rows], forced_blocks=plan.forced_blocks,
-                    window_pages=plan.window_pages, out_device_pages=chosen.device_pages[:rows],
+                    window_pages=plan.window_pages, out_device_pages=self._device_pages(layer),
                     out_device_counts=chosen.device_counts[:rows],
-                    resident=store.resident_map[layer] if self.resident else None,
+                    resident=self._resident_rows(layer) if self.resident else None,
                     slots=plan.slots if self.resident else None,
                     resident_pages=plan.resident_pages if self.resident else None,
                     only_selected_resident=config.mode == "infinigen",
@@ -170,7 +183,7 @@ class LayerStages:
                     out_cpu_pages=self.handoff.pages[layer][:rows] if cpu else None,
                     out_cpu_counts=self.handoff.counts[layer][:rows] if cpu else None,
                     q=q if cpu else None, out_q=self.handoff.q[layer][:rows] if cpu else None,
-                    cpu_cap=plan.cpu_cap[:, self.recall_index[layer]] if self.splits else None,
+                    cpu_cap=plan.cpu_cap[:, self.offloaded_index[layer]] if self.splits else None,
                     out_zero_copy_pages=chosen.zero_copy_pages[:rows] if self.splits else None,
                     out_zero_copy_counts=chosen.zero_copy_counts[:rows] if self.splits else None,
                     out_listed_counts=chosen.listed_counts[:rows] if self.splits else None,
@@ -234,7 +247,7 @@ class LayerStages:
                      host_k=store.host_k[layer], host_v=store.host_v[layer], host_rows=plan.fill_host_row,
                      host_scratch=store.host_scratch_page,
                      impl=self.stage_impl, validate=False)
-        kernels.sparse_decode(q, store.dev_k[layer], store.dev_v[layer], chosen.device_pages[:rows],
+        kernels.sparse_decode(q, store.dev_k[layer], store.dev_v[layer], self._device_pages(layer),
                               chosen.device_counts[:rows], scale=self.scale, last_block_len=plan.last_len_heads,
                               out=o, out_lse=self.buffers.lse[:rows], impl=self.decode_impl, validate=False,
                               workspace=self.buffers.workspace)
@@ -248,7 +261,7 @@ class LayerStages:
         resident = offloaded and self.resident and self.config.mode == "scout"
         return UnattendedBlocks(store.digest_min[layer], store.digest_max[layer], store.value_summary[layer], table,
                                 plan.num_full, chosen.selected[:rows], chosen.counts[:rows],
-                                store.resident_map[layer] if resident else None, plan.slots if resident else None,
+                                self._resident_rows(layer) if resident else None, plan.slots if resident else None,
                                 block_size=self.config.block_size, scale=self.scale,
                                 workspace=self.buffers.estimate_workspace)
 
@@ -260,10 +273,13 @@ class LayerStages:
     def _bring_in(self, layer: int, scores: torch.Tensor, *, admit=False, fill=False, recall=None) -> None:
         plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
         cpu = recall == "cpu"
-        brake = RecallBrake(store.recall_runs.get(layer), store.recall_state.get(layer), plan.num_tokens,
+        state = store.recall_state.get(layer)
+        if state is not None:  # its FRESH words: one per resident column of the step
+            state = state[:, :, : STATE_WORDS + plan.resident_pages.shape[1]]
+        brake = RecallBrake(store.recall_runs.get(layer), state, plan.num_tokens,
                             min_selected=self.config.recall_min_selected,
                             max_backoff=self.config.recall_max_backoff) if cpu else None
-        bring_in(store.resident_map[layer], plan.slots, resident_pages=plan.resident_pages, host_table=plan.host_table,
+        bring_in(self._resident_rows(layer), plan.slots, resident_pages=plan.resident_pages, host_table=plan.host_table,
                  host_k=store.host_k[layer], host_v=store.host_v[layer], dev_k=store.dev_k[layer],
                  dev_v=store.dev_v[layer], selected=chosen.selected[:rows], counts=chosen.counts[:rows],
                  num_full=plan.num_full, forced_blocks=plan.forced_blocks,
@@ -272,7 +288,7 @@ class LayerStages:
                  ready=store.resident_ready[layer], recall=recall, scores=scores,
                  cpu_blocks=chosen.cpu_blocks[:rows] if cpu else None,
                  cpu_counts=(chosen.listed_counts if self.splits else self.handoff.counts[layer])[:rows] if cpu else None,
-                 recall_due=plan.recall_due[:, self.recall_index[layer]] if cpu and plan.recall_due is not None else None,
+                 recall_due=plan.recall_due[:, self.offloaded_index[layer]] if cpu and plan.recall_due is not None else None,
                  recall_beta=self.config.recall_beta, brake=brake, counters=self.buffers.counters[layer],
                  impl=self.stage_impl, validate=False)
 

@@ -63,8 +63,13 @@ def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, 
     page = 2 * num_kv_heads * block * head_dim * itemsize  # K and V of one block
     digest_row = digest_vectors(config) * num_kv_heads * head_dim * itemsize  # min, max (and value summary) of a block
     resident = config.resident_capacity if config.mode in RESIDENT_MODES else 0
+    # resident-first (core/resident_pool.py): one pool instead of a buffer per slot; by default as many pages
+    resident_pages = slots * resident
+    if config.resident_first and config.resident_pool_blocks is not None and offloaded:
+        resident_pages = config.resident_pool_blocks
     # Every store has one scratch page for the decode step's fixed-shape writes (core/stores.py).
-    pages, window_pages = total_pages + 1, slots * (config.sink_blocks + config.local_blocks + 1 + resident) + 1
+    pages = total_pages + 1
+    window_pages = slots * (config.sink_blocks + config.local_blocks + 1) + resident_pages + 1
     quest_digests = len(full) * pages * digest_row if config.mode == "quest" else 0
     parts = {
         "digest_bytes_allocated": len(offloaded) * pages * digest_row + quest_digests,

@@ -10,7 +10,7 @@ import torch
 from scout_sglang import reference
 from scout_sglang.config import ScoutConfig
 from scout_sglang.core.engine import CoAttentionEngine
-from scout_sglang.core.resident_pool import ResidentPool, compact_row, exact_row_fields, water_fill
+from scout_sglang.core.resident_pool import ResidentPool, compact_rows, exact_row_fields, water_fill
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.layout import PAD_BLOCK
 
@@ -69,12 +69,15 @@ def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_
     last = torch.full((3, heads, 4), PAD_BLOCK, dtype=torch.int32)
     last[1, 0] = torch.tensor([0, 7, 2, PAD_BLOCK])  # block 0 is forced (never resident)
     last[1, 1] = torch.tensor([3, PAD_BLOCK, PAD_BLOCK, PAD_BLOCK])
+    resident[2, 0] = torch.tensor([6, 1, PAD_BLOCK, PAD_BLOCK, PAD_BLOCK])  # slot 2 keeps 4 columns: all it holds
     pages = torch.tensor([10, 11, 12, 13, 14], dtype=torch.int32)
     dev_k = torch.randn(16, heads, size, dim)
     dev_v = torch.randn(16, heads, size, dim)
     k_before, v_before = dev_k.clone(), dev_v.clone()
     state = torch.ones(3, heads, 3 + width, dtype=torch.int32)
-    compact_row(resident, 1, 3, pages, last, dev_k, dev_v, max_blocks=12, brake_state=state)
+    compact_rows(resident, [1, 2], [3, 4], torch.stack([pages, torch.arange(5, 10, dtype=torch.int32)]), last, dev_k, dev_v, max_blocks=12,
+                 brake_state=state)
+    assert resident[2, 0].tolist() == [6, 1, PAD_BLOCK, PAD_BLOCK, PAD_BLOCK]  # nothing to move
     assert resident[1, 0].tolist() == [7, 2, 4, PAD_BLOCK, PAD_BLOCK]  # selected best first, then by column
     assert resident[1, 1].tolist() == [3, 5, 8, PAD_BLOCK, PAD_BLOCK]
     old_column = {0: {7: 4, 2: 3, 4: 0}, 1: {3: 2, 5: 0, 8: 3}}
@@ -85,6 +88,7 @@ def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_
             assert torch.equal(dev_v[int(pages[column]), h], v_before[source, h])
     assert torch.equal(resident[0], torch.full((heads, width), PAD_BLOCK, dtype=torch.int32))  # other slots kept
     assert state[1, :, 2].tolist() == [0, 0] and state[1, :, 3:].sum() == 0 and state[0].sum() == heads * 8
+    assert torch.equal(dev_k[5:10], k_before[5:10]) and torch.equal(dev_v[5:10], v_before[5:10])  # slot 2's pages
 
 
 def test_exact_rows_select_every_block_and_fill_their_whole_row():

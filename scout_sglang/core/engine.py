@@ -39,7 +39,7 @@ from scout_sglang.core.device_tables import DeviceTable, StepTables
 from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.recall_budget import RecallBudget
-from scout_sglang.core.resident_pool import compact_row
+from scout_sglang.core.resident_pool import compact_rows
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_buffers import StepBuffers
 from scout_sglang.core.step_plan import (
@@ -257,14 +257,15 @@ class CoAttentionEngine:
         needed = {rid: max(0, tokens.get(rid, state.num_tokens) // self.block_size - forced)
                   for rid, state in self.requests.items()}
         quotas = pool.plan(needed)
-        for rid, quota in quotas.items():
-            if quota < pool.quota(rid):
-                slot = self.requests[rid].slot
-                pages = store.resident_page_table[slot].to(self.device, non_blocking=True)
-                for layer in self.offloaded_layers:
-                    compact_row(store.resident_map[layer], slot, quota, pages, self.previous[layer],
-                                store.dev_k[layer], store.dev_v[layer], max_blocks=self.max_blocks,
-                                brake_state=store.recall_state.get(layer))
+        shrinking = [(rid, quota) for rid, quota in quotas.items() if quota < pool.quota(rid)]
+        if shrinking:  # one set of ops per layer for all of them
+            slots = [self.requests[rid].slot for rid, _ in shrinking]
+            pages = store.resident_page_table[slots].to(self.device, non_blocking=True)
+            for layer in self.offloaded_layers:
+                compact_rows(store.resident_map[layer], slots, [quota for _, quota in shrinking], pages,
+                             self.previous[layer], store.dev_k[layer], store.dev_v[layer], max_blocks=self.max_blocks,
+                             brake_state=store.recall_state.get(layer))
+            for (rid, quota), slot in zip(shrinking, slots):
                 pool.shrink(rid, slot, quota)
         for rid, quota in quotas.items():
             slot = self.requests[rid].slot

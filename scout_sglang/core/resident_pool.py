@@ -121,44 +121,46 @@ class ResidentPool(SlotPageTable):
                 "evicted_columns": self.evicted_columns}
 
 
-def compact_row(resident: torch.Tensor, slot: int, keep: int, pages: torch.Tensor, last_selection: torch.Tensor,
-                dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
-                brake_state: torch.Tensor | None = None) -> None:
-    """Before a slot's quota falls to `keep` columns: per KV head, move the blocks to keep into columns [0, keep)
-    (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last selection, best first
-    (its order); then the other held blocks, by column. Device ops on the stream, between steps; nothing is read
-    back.
+def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pages: torch.Tensor,
+                 last_selection: torch.Tensor, dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
+                 brake_state: torch.Tensor | None = None) -> None:
+    """Before the quotas of `slots` fall to `keeps` columns: per slot and KV head, move the blocks to keep into
+    columns [0, keep) (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last
+    selection, best first (its order); then its other held blocks, by column. Device ops on the stream, a fixed
+    number for all the slots of a layer, between steps; nothing is read back.
 
-    resident : [slots, Hkv, R] int32 the layer's resident map; pages : [R] int32 (device) the slot's column pages
-    before the change; last_selection : [slots, Hkv, K] int32 the layer's last selection by slot (PAD past it);
-    dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is below);
-    brake_state : the layer's recall brake state, whose judgement of the slot's last recall is dropped (its
-    columns moved)."""
-    rows = resident[slot]  # [Hkv, R]
-    num_kv_heads, width = rows.shape
-    selection = last_selection[slot].long()  # [Hkv, K]
-    topk = selection.shape[1]
+    resident : [slots, Hkv, R] int32 the layer's resident map; pages : [S, R] int32 (device) the slots' column
+    pages before the change; last_selection : [slots, Hkv, K] int32 the layer's last selection by slot (PAD past
+    it); dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is
+    below); brake_state : the layer's recall brake state, whose judgement of the slots' last recall is dropped
+    (their columns moved)."""
+    device = resident.device
+    index = torch.tensor(slots, dtype=torch.long, device=device)
+    keep = torch.tensor(keeps, dtype=torch.long, device=device).view(-1, 1, 1)
+    rows = resident[index]  # [S, Hkv, R]
+    _, num_kv_heads, width = rows.shape
+    selection = last_selection[index].long()  # [S, Hkv, K]
+    topk = selection.shape[2]
     listed = selection != PAD_BLOCK
-    rank = torch.full((num_kv_heads, max_blocks + 1), -1, dtype=torch.long, device=rows.device)  # block -> position
-    positions = torch.arange(topk, device=rows.device).expand_as(selection)
-    rank.scatter_(1, torch.where(listed, selection, max_blocks), torch.where(listed, positions, -1))
-    column = torch.arange(width, device=rows.device).expand_as(rows)
+    rank = torch.full((*rows.shape[:2], max_blocks + 1), -1, dtype=torch.long, device=device)  # block -> position
+    positions = torch.arange(topk, device=device).expand_as(selection)
+    rank.scatter_(2, torch.where(listed, selection, max_blocks), torch.where(listed, positions, -1))
+    column = torch.arange(width, device=device).expand_as(rows)
     held = rows != PAD_BLOCK
-    position = rank.gather(1, torch.where(held, rows.long(), max_blocks))
+    position = rank.gather(2, torch.where(held, rows.long(), max_blocks))
     key = torch.where(held & (position >= 0), position, torch.where(held, topk + column, topk + width + column))
-    order = torch.sort(key, dim=1, stable=True).indices[:, :keep]  # [Hkv, keep] source columns
-    kept = rows.gather(1, order)
-    head = torch.arange(num_kv_heads, device=rows.device).view(-1, 1)
-    src = pages.long()[order] * num_kv_heads + head
-    dst = pages.long()[:keep].view(1, -1) * num_kv_heads + head
+    order = torch.sort(key, dim=2, stable=True).indices  # [S, Hkv, R] source column of each new column
+    kept = torch.where(column < keep, rows.gather(2, order), PAD_BLOCK)
+    head = torch.arange(num_kv_heads, device=device).view(1, -1, 1)
+    page_of = pages.long().unsqueeze(1).expand(-1, num_kv_heads, -1)  # [S, Hkv, R]
+    src, dst = page_of.gather(2, order) * num_kv_heads + head, page_of * num_kv_heads + head
     scratch = (dev_k.shape[0] - 1) * num_kv_heads + head  # the store's scratch page: the rows that move nothing
     moves = (kept != PAD_BLOCK) & (src != dst)
     src, dst = torch.where(moves, src, scratch).flatten(), torch.where(moves, dst, scratch).flatten()
     for store in (dev_k, dev_v):
         flat = store.view(-1, *store.shape[2:])
         flat[dst] = flat[src]  # the right side is gathered first: overlapping moves are safe (no mask: no sync)
-    resident[slot, :, :keep] = kept
-    resident[slot, :, keep:] = PAD_BLOCK
+    resident.index_copy_(0, index, kept.to(resident.dtype))
     if brake_state is not None:
-        brake_state[slot, :, MOVED] = 0
-        brake_state[slot, :, FRESH:] = 0
+        brake_state[index, :, MOVED] = 0
+        brake_state[index, :, FRESH:] = 0

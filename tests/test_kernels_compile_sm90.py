@@ -76,7 +76,7 @@ def compile_cpu_split() -> dict:
     from scout_sglang.kernels.triton.handoff import _merge_cpu_part_kernel
     from scout_sglang.kernels.triton.stage_split import _config as split_config, _split_lists_kernel
 
-    checked_split = split_config(64, 3, 64, 64, False, True, True, True, 4, 128)  # the cap and the page check
+    checked_split = split_config(64, 3, 64, 64, False, True, True, True, 4, 128, True)  # the cap, the page check
     ptx = {"split/cap": compile_for_hopper(_split_lists_kernel, checked_split)}
     decode = dict(GROUP_SIZE=4, HEAD_DIM=128, BLOCK_SIZE=16, HAS_LAST_BLOCK_LEN=False, BLOCK_G=16, BLOCK_T=32,
                   BLOCK_D=128, DOT_PRECISION=None, DOT_IN_FP32=False, SPLIT_P=True, GATED=False)

@@ -12,6 +12,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ["TRITON_INTERPRET"] == "1":
+        from interpreter_speed import speed_up_interpreter
+
+        speed_up_interpreter()
 
 
 import pytest  # noqa: E402

@@ -71,7 +71,7 @@ class ScoutConfig:
     # the running requests, each given its share (at least resident_blocks, at most all of its blocks); a request
     # whose every block fits is attended over all of them, exactly as full attention, with no CPU part.
     resident_first: bool = False
-    resident_pool_blocks: int | None = None  # the pool's pages (one block of every offloaded layer each); None: max_requests x resident_blocks
+    resident_pool_blocks: int | None = None  # the pool's pages (one block of every offloaded layer each); None: on a server the stock KV budget less scout's other device stores, else max_requests x resident_blocks
     cpu_groups: int = 0  # CPU worker threads, each pinned to a core; 0: one per physical core the core plan gives the workers
     cpu_impl: str = "auto"  # one of CPU_IMPLS: the native C++ CPU kernel, torch, or auto (native when it builds)
     kernel_impl: str | None = None  # one of KERNEL_IMPLS for the device ops; None: automatic per op and device

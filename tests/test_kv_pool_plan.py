@@ -190,3 +190,37 @@ def test_with_resident_first_the_plan_is_what_the_engine_allocates(pool_blocks):
     plain = memory_report.device_parts(small_engine((0,), "scout", total_pages=37))
     same = plain["window_and_resident_bytes_allocated"] == parts["window_and_resident_bytes_allocated"]
     assert same == (pool_blocks is None)
+
+
+def test_without_a_size_the_resident_pool_takes_the_stock_kv_budget_less_scouts_other_stores():
+    """The pool is what a stock server's KV memory leaves after the digests, windows and dense layers, in pages of
+    one block of every offloaded layer: the engine built with it allocates exactly the budget (to a page); a small
+    budget keeps the floor (resident_blocks per slot), a huge one stops at every block of the logical capacity."""
+    config = ScoutConfig(mode="scout", block_size=16, token_budget=64, sink_blocks=1, local_blocks=1,
+                         dense_layers=(0,), cpu_groups=1, resident_first=True)
+    geometry = dict(num_layers=3, num_kv_heads=2, head_dim=16, itemsize=2, total_pages=37, slots=2)
+    page = 2 * 2 * 2 * 16 * 16 * 2  # two offloaded layers, K and V, 2 heads, 16 tokens, 16 dims, bf16
+    others = memory_report.planned_bytes(config.replace(resident_pool_blocks=0), **geometry)["device_bytes_allocated"]
+    sizing = memory_report.resident_pool_size(config, kv_budget_bytes=others + 20 * page + page // 2, **geometry)
+    assert (sizing["pages"], sizing["page_bytes"], sizing["limit"]) == (20, page, "the stock KV budget")
+    engine = small_engine((0,), "scout", total_pages=37, resident_first=True, resident_pool_blocks=sizing["pages"])
+    allocated = sum(memory_report.device_parts(engine).values())
+    assert others + 20 * page == allocated <= sizing["stock_kv_bytes"] < allocated + page
+    floor = 2 * config.resident_capacity
+    small = memory_report.resident_pool_size(config, kv_budget_bytes=others, **geometry)
+    assert (small["pages"], small["limit"]) == (floor, "the floor")
+    huge = memory_report.resident_pool_size(config, kv_budget_bytes=2**40, **geometry)
+    assert (huge["pages"], huge["limit"]) == (37, "the logical capacity")
+    assert "20 pages" in memory_report.resident_pool_text(sizing)
+    assert memory_report.resident_pool_size(config.replace(resident_first=False), kv_budget_bytes=2**40,
+                                            **geometry) is None
+
+
+def test_the_stock_kv_budget_is_sglangs_own_profile_or_a_clear_error():
+    from scout_sglang.sglang_adapter.kv_pool import stock_kv_budget
+
+    seen = []
+    configurator = SimpleNamespace(_profile_available_bytes=lambda memory: seen.append(memory) or 12345)
+    assert stock_kv_budget(configurator, {"pre_model_load_memory": 80}) == 12345 and seen == [80]
+    with pytest.raises(RuntimeError, match="set SCOUT_RESIDENT_POOL_BLOCKS to size it"):
+        stock_kv_budget(SimpleNamespace(), {"pre_model_load_memory": 80})

@@ -25,6 +25,12 @@ def test_json_has_every_mode_and_labels_every_input(capsys):
     full, scout = report["modes"]["full"], report["modes"]["scout"]
     assert scout["capacity"]["max_batch"] > full["capacity"]["max_batch"] >= 1
     assert report["recommendation"]["token_budget"] in (1024, 2048, 4096)
+    # resident-first at scout's max batch: the stock KV budget less scout's other stores, in pages
+    pool, budget = scout["resident_pool"], report["budgets"]["device_kv"]
+    assert pool["limit"] == "the stock KV budget" and pool["floor"] < pool["pages"] < pool["ceiling"]
+    assert pool["bytes"] + pool["other_device_bytes"] <= pool["stock_kv_bytes"] < budget
+    assert pool["exact_requests"] == pool["pages"] // pool["request_pages"] >= 1
+    assert full["resident_pool"] is None
 
 
 def test_the_table_names_modes_bounds_and_the_recommendation(capsys):
@@ -33,6 +39,7 @@ def test_the_table_names_modes_bounds_and_the_recommendation(capsys):
     assert "full (stock)" in out and "bound" in out and "GPU idle" in out and "budget 1024 tokens" in out
     assert "recommended: SCOUT_CONFIG=default SCOUT_TOKEN_BUDGET=" in out
     assert "(looked up: H100" in out and "(given: on the command line)" in out
+    assert "with SCOUT_RESIDENT_FIRST=on at scout's max batch: resident-first pool: " in out
 
 
 def test_a_config_json_and_a_plot(tmp_path, capsys):

@@ -142,19 +142,25 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
     assert through_pd == single
 
 
-def test_at_a_covering_budget_a_pd_pair_decodes_like_a_single_server(samples, tmp_path):
-    """Every token of every context attended: any K/V lost or misplaced on the way changes the tokens."""
-    env = {**ENV, "SCOUT_TOKEN_BUDGET": str(max(LENGTHS) + 32)}  # the prompt and the new tokens, in whole blocks
-    with launched_pd(bundled_model_dir(), common_args=COMMON, env=env, log_dir=tmp_path) as urls:
+def test_a_resident_first_pd_pair_decodes_exactly_like_a_single_server_at_a_covering_budget(samples, tmp_path):
+    """Every token of every context attended: any K/V lost or misplaced on the way changes the tokens. The decode
+    instance runs resident-first at the sparse budget, its pool sized from the stock KV budget (on this CPU box,
+    capped by the logical capacity): every request fits and is attended exactly, over its transferred K/V."""
+    covering = {**ENV, "SCOUT_TOKEN_BUDGET": str(max(LENGTHS) + 32)}  # the prompt and the new tokens, in whole blocks
+    with launched_pd(bundled_model_dir(), common_args=COMMON, env={**ENV, "SCOUT_RESIDENT_FIRST": "on"},
+                     log_dir=tmp_path) as urls:
         before = scout_stats(urls.decode)
         through_pd = served_tokens(urls.router, samples)
         after = scout_stats(urls.decode)
     with launched_server(bundled_model_dir(), "--attention-backend", "scout", "--disable-radix-cache", *COMMON,
-                         env=env, log_path=tmp_path / "single.log") as base:
+                         env=covering, log_path=tmp_path / "single.log") as base:
         single = served_tokens(base, samples)
     assert through_pd == single
     assert after["admitted_requests"] - before["admitted_requests"] == len(samples)
     assert after["cpu_blocks"] == 0 and after["selected_blocks"] > before["selected_blocks"]  # all of it selected
+    pool = after["resident_pool"]
+    assert pool["sized_by"] == "the logical capacity" and pool["stock_kv_bytes"] > 0
+    assert pool["recent_exact_share"] == 1.0 and pool["used"] == 0
 
 
 def test_without_kv_transfer_the_answers_are_wrong(samples, reference_answers, tmp_path):

@@ -53,11 +53,18 @@ def serve(model_dir, prompts, tp: int, env: dict, log_path):
     return outputs, ranks, metrics
 
 
-def test_two_ranks_decode_like_one_at_a_covering_budget_and_report_each_rank(qwen3_dir, prompts, tmp_path):
+def test_two_resident_first_ranks_decode_like_one_at_a_covering_budget_and_report_each_rank(qwen3_dir, prompts,
+                                                                                            tmp_path):
+    """Two ranks with resident-first at the sparse budget, each pool sized from its rank's stock KV budget (capped
+    here by the logical capacity), attend every request exactly: the tokens of one rank at a covering budget."""
     covering = {"SCOUT_TOKEN_BUDGET": "2048"}
-    two, ranks, metrics = serve(qwen3_dir, prompts, 2, tp_env(covering), tmp_path / "tp2.log")
+    two, ranks, metrics = serve(qwen3_dir, prompts, 2, tp_env({"SCOUT_RESIDENT_FIRST": "on"}), tmp_path / "tp2.log")
     one, [single], _ = serve(qwen3_dir, prompts, 1, {**SCOUT_ENV, **covering}, tmp_path / "tp1.log")
     assert two == one
+    for rank in ranks:
+        pool = rank["resident_pool"]
+        assert pool["sized_by"] == "the logical capacity" and pool["recent_exact_share"] == 1.0
+        assert rank["cpu_blocks"] == 0 and pool["used"] == 0 and pool["pages"] > 0
     assert [r["tp_rank"] for r in ranks] == [0, 1] and {r["tp_size"] for r in ranks} == {2}
     assert single["tp_rank"] == 0 and single["tp_size"] == 1
     # each rank holds one of the model's two KV heads: half a token's bytes, the same tokens

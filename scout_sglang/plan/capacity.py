@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from scout_sglang.config import ScoutConfig
 from scout_sglang.plan.models import ModelSpec
 from scout_sglang.sglang_adapter.kv_pool import placeholder_tokens
-from scout_sglang.sglang_adapter.memory_report import engine_total_pages, planned_bytes, request_device_bytes
+from scout_sglang.sglang_adapter.memory_report import (engine_total_pages, planned_bytes, request_device_bytes,
+                                                       resident_pool_size)
 
 STOCK = "full"  # the baseline: SGLang's own backend and device pool
 
@@ -154,3 +155,25 @@ def server_batch(config: ScoutConfig, spec: ModelSpec, *, itemsize: int, request
                                page_size=page_size)
     return Capacity(config.mode, batch, request_tokens, plan["device_bytes_allocated"], plan["host_bytes_allocated"],
                     per, limit)
+
+
+def resident_pool(config: ScoutConfig, spec: ModelSpec, *, itemsize: int, capacity: Capacity, device_budget: int,
+                  shared_prefix: int = 0, page_size: int = 1) -> dict | None:
+    """Resident-first (SCOUT_RESIDENT_FIRST=on) at scout's largest batch: the pool the server sizes from the
+    device budget (memory_report.resident_pool_size, less SGLang's placeholder pool, as the server sees it), and
+    how many requests of this length it holds exactly together (each needs its blocks outside the window).
+    None when scout holds no request."""
+    batch = capacity.max_batch
+    if batch < 1:
+        return None
+    tokens = held_tokens(batch, capacity.request_tokens, shared_prefix, config.block_size)
+    placeholder = (placeholder_tokens(batch, page_size) + page_size) * token_bytes(spec, itemsize)
+    sizing = resident_pool_size(config.replace(resident_first=True, resident_pool_blocks=None),
+                                num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                                itemsize=itemsize, total_pages=engine_total_pages(tokens, config.block_size, batch),
+                                slots=batch, kv_budget_bytes=device_budget - placeholder)
+    if sizing is None:
+        return None
+    outside = capacity.request_tokens // config.block_size - config.sink_blocks - config.local_blocks
+    each = max(config.resident_capacity, outside)
+    return {**sizing, "request_pages": each, "exact_requests": min(batch, sizing["pages"] // each)}

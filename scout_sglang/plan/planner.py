@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from scout_sglang.config import MODES, ScoutConfig
 from scout_sglang.env import load_preset
-from scout_sglang.plan.capacity import STOCK, max_batch, token_bytes
+from scout_sglang.plan.capacity import STOCK, max_batch, resident_pool, token_bytes
 from scout_sglang.plan.figures import Figure
 from scout_sglang.plan.gpus import gpu_spec
 from scout_sglang.plan.host_counts import DEFAULT_PATH as HOST_OVERHEAD_PATH
@@ -197,7 +197,10 @@ def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict
                     itemsize=request.itemsize, change_rate=figures["change_rate"].value, output_len=request.output_len)
     step = step_time(mode, config, request.model, hardware(figures), work,
                      host_overhead_path=request.host_overhead_path, cpu_split=request.cpu_split)
-    return {"capacity": capacity, "step": step}
+    pool = resident_pool(mode_config, request.model, itemsize=request.itemsize, capacity=capacity,
+                         device_budget=budgets["device_kv"], shared_prefix=min(request.shared_prefix, context)) \
+        if mode == "scout" else None
+    return {"capacity": capacity, "step": step, "resident_pool": pool}
 
 
 def recommend(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: dict) -> dict:

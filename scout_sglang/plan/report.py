@@ -47,7 +47,7 @@ def text_report(plan: dict) -> str:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
-    lines += _split_lines(plan)
+    lines += _split_lines(plan) + _pool_lines(plan)
     rec = plan["recommendation"]
     lines += ["", f"recommended: {rec['env']} (budget {rec['token_budget']}, block {rec['block_size']}, recall "
               f"{rec['recall_policy']} beta {rec['recall_beta']}, CPU groups {rec['cpu_groups']}): max batch "
@@ -76,6 +76,19 @@ def _split_lines(plan: dict) -> list[str]:
             f"and {step.pcie_bytes / MIB:.0f} MiB over PCIe (recalls and the CPU part's output included)"]
 
 
+def _pool_lines(plan: dict) -> list[str]:
+    """Resident-first at scout's largest batch: the pool and how many requests it keeps exact."""
+    scout = plan["results"].get("scout")
+    pool = scout and scout.get("resident_pool")
+    if not pool:
+        return []
+    from scout_sglang.sglang_adapter.memory_report import resident_pool_text
+
+    return ["", f"with SCOUT_RESIDENT_FIRST=on at scout's max batch: {resident_pool_text(pool)}; a request of this "
+            f"length needs {pool['request_pages']} pages: up to {pool['exact_requests']} such requests run exactly "
+            "together (full attention's tokens, no CPU part)"]
+
+
 def json_report(plan: dict) -> dict:
     request = plan["request"]
     return {
@@ -85,8 +98,8 @@ def json_report(plan: dict) -> dict:
                                                           if k != "extra"},
         "inputs": {name: figure.as_dict() for name, figure in plan["figures"].items()},
         "budgets": plan["budgets"], "token_bytes": plan["token_bytes"],
-        "modes": {mode: {"capacity": dataclasses.asdict(r["capacity"]), "step": r["step"].as_dict()}
-                  for mode, r in plan["results"].items()},
+        "modes": {mode: {"capacity": dataclasses.asdict(r["capacity"]), "step": r["step"].as_dict(),
+                         "resident_pool": r.get("resident_pool")} for mode, r in plan["results"].items()},
         "recommendation": plan["recommendation"],
     }
 

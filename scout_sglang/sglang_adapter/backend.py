@@ -41,7 +41,8 @@ from scout_sglang.env import (
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report, prefix_pages
 from scout_sglang.sglang_adapter.arrival_pages import block_pages, borrowed_host_store, shares_arrival_pool
-from scout_sglang.sglang_adapter.kv_pool import LAYOUT_ATTRIBUTE, check_engine_memory, plan_engine, pool_layout
+from scout_sglang.sglang_adapter.kv_pool import (LAYOUT_ATTRIBUTE, RESIDENT_POOL_ATTRIBUTE, check_engine_memory,
+                                                 plan_engine, pool_layout)
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
 from scout_sglang.sglang_adapter.metrics import ScoutMetrics
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
@@ -151,6 +152,10 @@ class ScoutAttnBackend:
             raise RuntimeError(f"the scout KV pool should be {expected!r} but SGLang built {self.layout!r}: the hook on "
                                "its KV cache configurator did not attach (is this sglang 0.5.23?)")
         self.inner = stock_backend(model_runner) if self.layout == "stock" else None
+        # Resident-first: the pool the KV pool's hook sized from the stock KV budget (kv_pool.py), or None
+        self.pool_sizing = getattr(pool, RESIDENT_POOL_ATTRIBUTE, None)
+        if self.pool_sizing is not None:
+            self.config = self.config.replace(resident_pool_blocks=self.pool_sizing["pages"])
         self.place = rank_place(model_runner.server_args)
         # Layer count, heads and dtype come from the KV pool (what SGLang's minimal runners also have).
         self.shape = ModelShape(num_layers=pool.layer_num,
@@ -373,13 +378,22 @@ class ScoutAttnBackend:
         report["request_failures"] = dict(self.failures.counts)
         report["cpu_worker"] = self.engine.cpu_worker_state()
         pool = self.engine.resident_pool_state()  # resident-first serving, or None
-        report["resident_pool"] = None if pool is None else pool | {"recent_exact_share":
-                                                                    self.stats.recent_exact_share()}
+        report["resident_pool"] = None if pool is None else pool | {
+            "recent_exact_share": self.stats.recent_exact_share(), "sized_by": self._pool_sized_by(),
+            "stock_kv_bytes": (self.pool_sizing or {}).get("stock_kv_bytes")}
         report["cores"] = self.cores.as_report()
         report["host_store_pages"] = self.engine.host_store_pages()  # page kind, share on 2 MiB pages (<= 30 s old)
         report["memory"] = memory_report.usage(self.engine, self.layout, self.token_to_kv_pool,
                                                self.req_to_token_pool.size, self._pool_pages_used())
         return report
+
+    def _pool_sized_by(self) -> str:
+        """What set the resident-first pool's size: the stock KV budget (or its floor or ceiling), the setting, or the
+        default of a fixed buffer's pages per slot (SCOUT_KV_POOL=stock)."""
+        if self.pool_sizing is not None:
+            return self.pool_sizing["limit"]
+        return "SCOUT_RESIDENT_POOL_BLOCKS" if self.config.resident_pool_blocks is not None else \
+            "resident_blocks per request slot"
 
     def _pool_pages_used(self) -> int | None:
         """Under the radix cache: the pages SGLang's allocator has given out (requests' and the tree's)."""

@@ -47,6 +47,7 @@ logger = logging.getLogger("scout_sglang.sglang_adapter")
 TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure"
 DEFAULT_MAX_REQUESTS = 64  # request slots when --max-running-requests is not given
 LAYOUT_ATTRIBUTE = "scout_layout"  # set on the pool SGLang keeps: "logical" or "arrival"
+RESIDENT_POOL_ATTRIBUTE = "scout_resident_pool"  # resident-first: its sizing (memory_report.resident_pool_size)
 GIB = 2**30
 
 
@@ -210,6 +211,11 @@ def configure_around(original, configurator, *args, **kwargs):
     page_size = configurator.page_size
     requests = schedule.max_running_requests or DEFAULT_MAX_REQUESTS
     placeholder = placeholder_tokens(requests, page_size)
+    config = config_from_env()
+    # Resident-first with no pool size given: the pool takes what a stock server would give its KV cache, measured
+    # as SGLang measures it, here, before its pools exist (every tensor-parallel rank measures: a collective).
+    stock_kv_bytes = stock_kv_budget(configurator, kwargs) \
+        if config.resident_first and config.resident_pool_blocks is None else None
     with schedule.override(max_total_tokens=placeholder, max_running_requests=requests):
         result = original(configurator, *args, **kwargs)
     pool = result.token_to_kv_pool
@@ -219,7 +225,17 @@ def configure_around(original, configurator, *args, **kwargs):
     place = rank_place(server_args)
     logical = logical_capacity(schedule.max_total_tokens, settings, token_bytes, page_size, place.local_ranks)
     slots = result.req_to_token_pool.size  # the engine's request slots (the backend sizes it the same way)
-    config = config_from_env()
+    sizing = None
+    if stock_kv_bytes is not None:
+        from scout_sglang.sglang_adapter.memory_report import engine_total_pages, resident_pool_size, resident_pool_text
+
+        sizing = resident_pool_size(config, num_layers=pool.layer_num, num_kv_heads=pool.head_num,
+                                    head_dim=pool.head_dim, itemsize=pool.dtype.itemsize,
+                                    total_pages=engine_total_pages(logical, config.block_size, slots), slots=slots,
+                                    kv_budget_bytes=stock_kv_bytes)
+        if sizing is not None:
+            config = config.replace(resident_pool_blocks=sizing["pages"])
+            logger.info("scout %s", resident_pool_text(sizing))
     shared = layout == "arrival" and shares_arrival_pool(page_size, config.block_size)
     plan = plan_engine(pool, logical, slots, config, borrowed_host=shared)
     arrival_bytes = logical * token_bytes if layout == "arrival" else 0  # where K/V lands (the engine's store if shared)
@@ -228,6 +244,7 @@ def configure_around(original, configurator, *args, **kwargs):
         # When its pages are the engine's store, on a GPU it is page-locked as it is allocated (host_pool_like).
         pool = host_pool_like(pool, logical, configurator.device if shared else "cpu")
     setattr(pool, LAYOUT_ATTRIBUTE, layout)
+    setattr(pool, RESIDENT_POOL_ATTRIBUTE, sizing)  # the backend builds its engine with this pool size
     allocator = allocator_over(logical, page_size, configurator.kv_cache_dtype, configurator.device, pool,
                                getattr(result.token_to_kv_pool_allocator, "need_sort", False))
     from scout_sglang.sglang_adapter.memory_report import size_text
@@ -247,6 +264,16 @@ def configure_around(original, configurator, *args, **kwargs):
                        config.block_size, config.block_size)
     return msgspec.structs.replace(result, max_total_num_tokens=logical, token_to_kv_pool=pool,
                                    token_to_kv_pool_allocator=allocator)
+
+
+def stock_kv_budget(configurator, kwargs: dict) -> int:
+    """The device bytes a stock server would give its KV cache: SGLang's own profile (free memory less the runtime
+    slack of mem_fraction_static), taken before its pools are built."""
+    profile = getattr(configurator, "_profile_available_bytes", None)
+    if profile is None or "pre_model_load_memory" not in kwargs:
+        raise RuntimeError("SCOUT_RESIDENT_FIRST=on sizes its pool from SGLang's KV memory profile, which this SGLang "
+                           "does not expose (is this sglang 0.5.23?): set SCOUT_RESIDENT_POOL_BLOCKS to size it")
+    return int(profile(kwargs["pre_model_load_memory"]))
 
 
 def arrival_text(layout: str, shared: bool) -> str:

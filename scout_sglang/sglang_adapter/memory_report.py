@@ -80,6 +80,39 @@ def planned_bytes(config, *, num_layers: int, num_kv_heads: int, head_dim: int, 
             "host_bytes_allocated": 0 if borrowed_host else len(offloaded) * pages * page, "dense_layers": list(full)}
 
 
+def resident_pool_size(config, *, num_layers: int, num_kv_heads: int, head_dim: int, itemsize: int,
+                       total_pages: int, slots: int, kv_budget_bytes: int) -> dict | None:
+    """Resident-first (core/resident_pool.py) without SCOUT_RESIDENT_POOL_BLOCKS: the pool takes the device memory a
+    stock server would give its KV cache (`kv_budget_bytes`, SGLang's own profile of it), less the engine's other
+    device stores (digests, windows, dense layers), in pages of one block of every offloaded layer. At least the
+    floor (resident_blocks per request slot: what the engine holds without the pool), at most every block of the
+    logical capacity (`total_pages`: a larger pool is never used). None where resident-first is off.
+
+    -> pages, page_bytes, bytes, stock_kv_bytes, other_device_bytes, floor, ceiling, limit (what set the size)"""
+    offloaded, _ = layer_split(config, num_layers)
+    if not (config.resident_first and offloaded):
+        return None
+    page_bytes = len(offloaded) * 2 * num_kv_heads * config.block_size * head_dim * itemsize
+    others = planned_bytes(config.replace(resident_pool_blocks=0), num_layers=num_layers, num_kv_heads=num_kv_heads,
+                           head_dim=head_dim, itemsize=itemsize, total_pages=total_pages,
+                           slots=slots)["device_bytes_allocated"]
+    floor = slots * config.resident_capacity
+    ceiling = max(floor, total_pages)
+    fitting = max(0, kv_budget_bytes - others) // page_bytes
+    pages = min(max(floor, fitting), ceiling)
+    limit = "the floor" if fitting <= floor else "the logical capacity" if fitting >= ceiling else \
+        "the stock KV budget"
+    return {"pages": pages, "page_bytes": page_bytes, "bytes": pages * page_bytes, "stock_kv_bytes": kv_budget_bytes,
+            "other_device_bytes": others, "floor": floor, "ceiling": ceiling, "limit": limit}
+
+
+def resident_pool_text(sizing: dict) -> str:
+    """One line of the start-up log and the planner: the pool and what set its size."""
+    return (f"resident-first pool: {sizing['pages']} pages ({size_text(sizing['bytes'])}), set by {sizing['limit']} "
+            f"(stock KV budget {size_text(sizing['stock_kv_bytes'])}, less {size_text(sizing['other_device_bytes'])} "
+            f"of scout's other device stores; floor {sizing['floor']}, ceiling {sizing['ceiling']} pages)")
+
+
 def device_parts(engine) -> dict:
     """Device bytes the built engine allocated, by part (they add up to engine.memory()'s device bytes)."""
     full, off = engine.full_store, engine.offloaded

@@ -114,6 +114,19 @@ class Ramp:
             self.kv[rid, layer] = (k, v)
             self.engine.prefill(rid, layer, k, v)
 
+    def join_in_chunks(self, rid, chunks):
+        """A prompt prefilled in chunks of these lengths (chunked prefill), each through every layer."""
+        self.engine.add_request(rid)
+        length = sum(chunks)
+        for layer in range(SHAPE.num_layers):
+            self.kv[rid, layer] = (self._randn(length, SHAPE.num_kv_heads), self._randn(length, SHAPE.num_kv_heads))
+        start = 0
+        for size in chunks:
+            for layer in range(SHAPE.num_layers):
+                k, v = self.kv[rid, layer]
+                self.engine.extend(rid, layer, start, k[start: start + size], v[start: start + size])
+            start += size
+
     def leave(self, rid):
         self.engine.release_request(rid)
 
@@ -186,3 +199,44 @@ def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exa
     finally:
         engine.close()
     engine.pool.pages.check_consistent()
+
+
+@pytest.mark.parametrize("chunks", [(101,), (13, 30, 21, 37)])
+def test_prefill_writes_a_fitting_request_to_the_pool_and_its_first_step_reads_nothing_from_the_host(chunks):
+    """A request that fits its quota gets the blocks its prefill moves out of the window in its pool columns (block
+    sink + c in column c; from an earlier chunk, out of the window pages), so its first step attends them all on
+    the device: with its host blocks poisoned, it still equals dense attention. When more requests join before it
+    decodes and it no longer fits, its row is emptied (its first fill picks by score)."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp = Ramp(engine, seed=3)
+    try:
+        ramp.join_in_chunks(0, chunks)
+        store, slot, size = engine.offloaded, engine.requests[0].slot, config.block_size
+        outside = sum(chunks) // size - config.sink_blocks - config.local_blocks
+        assert engine.pool.exact[0] and outside == 9
+        for layer in engine.offloaded_layers:
+            row = store.resident_map[layer][slot]
+            assert row[:, :outside].tolist() == [list(range(1, outside + 1))] * SHAPE.num_kv_heads
+            assert (row[:, outside:] == PAD_BLOCK).all()
+            k, v = ramp.kv[0, layer]
+            pages = engine.pool.table[slot, :outside].long()
+            for truth, stored in ((k, store.dev_k[layer]), (v, store.dev_v[layer])):
+                blocks = truth[size: (outside + 1) * size].reshape(outside, size, SHAPE.num_kv_heads, -1)
+                assert torch.equal(stored[pages], blocks.transpose(1, 2))
+            host = torch.tensor(store.host_pages.table(0)[: sum(chunks) // size], dtype=torch.long)
+            store.host_k[layer][host] = float("nan")
+            store.host_v[layer][host] = float("nan")
+        errors, exact, telemetry = ramp.step([0])
+        assert exact[0] and errors[0] < 2e-5 and telemetry.totals().cpu_blocks == 0
+        ramp.leave(0)
+        ramp.join_in_chunks(0, chunks)
+        assert (store.resident_map[engine.offloaded_layers[0]][engine.requests[0].slot] != PAD_BLOCK).any()
+        for rid in (1, 2, 3):
+            ramp.join(rid, 100)
+        assert not any(engine.pool.exact.values()) and [engine.pool.quota(rid) for rid in range(4)] == [6] * 4
+        for layer in engine.offloaded_layers:
+            assert (store.resident_map[layer][engine.requests[0].slot] == PAD_BLOCK).all()
+    finally:
+        engine.close()

@@ -251,7 +251,8 @@ class CoAttentionEngine:
         """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
         the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
         are compacted (the blocks of the last selection kept, best first) and their pages go back; then the
-        growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block."""
+        growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
+        that stops fitting before its first step starts from an empty row, as any sparse request does."""
         pool, store, tokens = self.pool, self.offloaded, tokens or {}
         forced = self.config.sink_blocks + self.config.local_blocks
         needed = {rid: max(0, tokens.get(rid, state.num_tokens) // self.block_size - forced)
@@ -274,6 +275,9 @@ class CoAttentionEngine:
             if exact and not pool.exact.get(rid, False):
                 for layer in self.offloaded_layers:
                     store.resident_ready[layer][slot] = 0
+            elif not exact and pool.exact.get(rid, False) and self.requests[rid].steps == 0:
+                for layer in self.offloaded_layers:  # what its prefill wrote is dropped: its first fill picks by score
+                    store.resident_map[layer][slot] = PAD_BLOCK
             pool.exact[rid] = exact
 
     def _decode_workspace(self, window: int) -> torch.Tensor | None:
@@ -491,6 +495,8 @@ class CoAttentionEngine:
         n, end, size = k.shape[0], start + k.shape[0], self.block_size
         if n == 0:  # an empty chunk (a request admitted with no token yet) stores nothing
             return
+        if self.pool is not None and layer == self.offloaded_layers[0]:
+            self._rebalance_pool({rid: end})  # the quotas with this request at `end` tokens
         if layer in self.full_layers:
             self.full_store.ensure_tokens(rid, state.slot, end)
             self.full_store.write(layer, [rid] * n, list(range(start, end)), k, v)
@@ -511,12 +517,40 @@ class CoAttentionEngine:
                 v_blocks = v_full.reshape(shape).transpose(1, 2)
                 store.copy_blocks_to_host(layer, rid, blocks, k_blocks, v_blocks)
                 store.write_digests(layer, rid, blocks, k_blocks, v_blocks)
+            if self.pool is not None and self.pool.exact.get(rid):
+                self._write_leaving_blocks(layer, rid, start, end, *((k_blocks, v_blocks) if last > first else ()))
             window = set(store.window_blocks(end))
             keep = [p - start for p in range(start, end) if p // size in window]
             store.write_window(layer, [rid] * len(keep), [start + i for i in keep], k[keep].to(self.device),
                                v[keep].to(self.device))
         if layer == self.shape.num_layers - 1:
             state.num_tokens = end
+
+    def _write_leaving_blocks(self, layer: int, rid: int, start: int, end: int, k_blocks=None, v_blocks=None) -> None:
+        """Resident-first: a prefill chunk of a request that fits its quota writes the blocks it moves out of the
+        window into the request's pool columns too (column c holds block sink + c), so its first decode step
+        attends them all with no copy from the host. They come from the chunk's own blocks, or from the window
+        pages of the blocks an earlier chunk completed (read before this chunk's window write overwrites them);
+        every copy stays on the device."""
+        size, sink = self.block_size, self.config.sink_blocks
+        forced = sink + self.config.local_blocks
+        before, after = max(0, start // size - forced), max(0, end // size - forced)
+        if after <= before:
+            return
+        store, slot, first = self.offloaded, self.requests[rid].slot, start // size
+        blocks = list(range(sink + before, sink + after))
+        earlier = [b for b in blocks if b < first]
+        parts_k = [store.dev_k[layer][[store.window_page(rid, b) for b in earlier]]] if earlier else []
+        parts_v = [store.dev_v[layer][[store.window_page(rid, b) for b in earlier]]] if earlier else []
+        if len(earlier) < len(blocks):
+            chunk = [b - first for b in blocks if b >= first]
+            parts_k.append(k_blocks[chunk])
+            parts_v.append(v_blocks[chunk])
+        columns = [b - sink for b in blocks]
+        pages = self.pool.table[slot, columns].long().to(self.device)
+        store.dev_k[layer][pages] = torch.cat(parts_k)
+        store.dev_v[layer][pages] = torch.cat(parts_v)
+        store.resident_map[layer][slot, :, columns] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
 
     def gather(self, rid: int, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens [0, end) of a stored request for one layer, as K, V [end, Hkv, D] on the device

@@ -183,11 +183,14 @@ class Oracle:
         capacity = len(decision.resident_start[b][h])
         key = (rid, layer, h)
         forced = policy.forced_blocks(n, c.block_size, c.sink_blocks, c.local_blocks)
-        before = self.resident.get(key, [policy.EMPTY] * capacity)
         # resident-first: only the quota's first columns have a page; a shrinking quota keeps the last selection's
-        # blocks first; a request that turns exact is filled again, with every block
+        # blocks first; a request that turns exact is filled again, with every block; one exact at its first step
+        # starts with the blocks its prefill moved out of the window, block sink + c in column c
         quota = capacity if decision.quotas is None else decision.quotas[b]
         exact = decision.exact is not None and decision.exact[b]
+        prefilled = max(0, (n - 1) // c.block_size - c.sink_blocks - c.local_blocks) if exact else 0
+        first_row = [c.sink_blocks + i for i in range(prefilled)] + [policy.EMPTY] * (capacity - prefilled)
+        before = self.resident.get(key, first_row)
         if quota < self.quota.get(key, quota):
             before = policy.compact(before, self.last_selected.get(key, []), quota)
             self.report.quota_shrinks += 1

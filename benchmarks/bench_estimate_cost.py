@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -114,7 +113,9 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on any device; nothing is written")
     args = parser.parse_args()
     if args.dry_run and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from scout_sglang.triton_interpreter import interpret_without_gpu
+
+        interpret_without_gpu()  # Triton's interpreter, sped up
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = [(2, 64)] if args.dry_run else [(8, 32768), (32, 32768), (32, 65536), (64, 65536)]
     rows = []

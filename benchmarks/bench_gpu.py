@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -414,7 +413,9 @@ def main(argv=None) -> int:
                         help="device K/V budget of the headline (default: full attention's at 2 requests)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from scout_sglang.triton_interpreter import interpret_without_gpu
+
+        interpret_without_gpu()  # Triton's interpreter, sped up
     sys.path.insert(0, str(ROOT / "benchmarks"))  # model_stack, cpu_attention, decode_step
     setup = Setup(args)
     device_name = torch.cuda.get_device_name() if setup.device.type == "cuda" else "cpu"

@@ -356,7 +356,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="scout and full, batch 1 and 64, steady step; no files")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():  # the GPU path's kernels are counted in Triton's interpreter
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from scout_sglang.triton_interpreter import interpret_without_gpu
+
+        interpret_without_gpu()  # Triton's interpreter, sped up
     torch.set_num_threads(1)
     if not keep_freed_memory():
         log("not glibc: freeing a large tensor may unmap it, and the time outside the ops then includes that")

@@ -26,7 +26,6 @@ are always disjoint and together cover the selection.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch

@@ -57,7 +57,8 @@ bench-prefix: $(STAMP)
 
 # A real scout server under 10 minutes of mixed OpenAI traffic (64 clients, chat and
 # completions, streamed and not, 10% disconnects, 5% of CPU tasks failing on purpose);
-# every completed answer checked against the reference decoder (benchmarks/results/soak.*).
+# every completed answer checked against the reference decoder; then a load ramp of a resident-first server
+# (benchmarks/results/soak.*).
 soak: $(STAMP)
 	$(PY) -P benchmarks/soak.py --faults 0.05
 

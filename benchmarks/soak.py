@@ -23,9 +23,12 @@ for the same prompt (scout_sglang.hf.reference_decoder, the same engine
 settings as the server). Reported: completed / disconnected / failed requests,
 answers identical, latency percentiles over time, the scheduler's RSS over time
 (growth after warm-up), pages in use once idle, the fallbacks the server counted.
+Then a load ramp (soak_ramp.py): a resident-first server under 1 to 64 clients,
+exact at low load, sparse with no failure at full load.
 
-    make soak                                    # 10 minutes, 64 clients, 10% disconnects, 5% CPU faults
-    python -P benchmarks/soak.py --quick         # about 2 minutes; prints one JSON line last
+    make soak                                    # 10 minutes, 64 clients, 10% disconnects, 5% CPU faults; the ramp
+    python -P benchmarks/soak.py --only-ramp     # the ramp alone, into the last soak's report
+    python -P benchmarks/soak.py --quick         # about 3 minutes; prints one JSON line last
 
 Writes benchmarks/results/soak.{json,md,png} (not with --quick).
 """
@@ -44,6 +47,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # soak_ramp beside it (`python -P` leaves it off)
 MAX_TOKENS = 6  # `K V1 V2 . <eos>` and one more: the server stops at <eos>
 # No resident buffer and no recall: each step attends the selected blocks past the sink and the local window on
 # the CPU. At the tiny preset alone the resident buffer holds most of them: with the CPU part dropped, 6 of this
@@ -204,21 +208,53 @@ def scheduler_rss(root_pid: int) -> int:
     return max(sizes, default=0)
 
 
+def server_args(args, clients: int) -> tuple[str, ...]:
+    return ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
+            "--max-running-requests", str(clients), "--page-size", str(BLOCK), "--enable-metrics")
+
+
+def prompts_and_answers(args) -> tuple[list, list]:
+    lengths = [int(x) for x in args.lengths.split(",")]
+    samples, args.shared = with_shared_prefix(prompt_pool(args.prompts, lengths, seed=5150), args.shared_prefix, 5151)
+    log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens ({len(args.shared)} of them "
+        f"after a common {PREAMBLE_TOKENS}-token preamble)")
+    return samples, reference_answers(samples, SCOUT_ENV)
+
+
+def load_ramp(args, samples, answers) -> dict:
+    """soak_ramp.py: a resident-first server under a rising number of clients."""
+    from soak_ramp import level_row, ramp_verdict, run_level
+
+    from scout_sglang.retrieval import data
+    from scout_sglang.retrieval.evaluate import bundled_model_dir
+    from scout_sglang.server.client import scout_stats
+    from scout_sglang.server.launch import launched_server
+
+    full_answers = reference_answers(samples, SCOUT_ENV | {"SCOUT_MODE": "full"})
+    texts = [" ".join(data.words(s.prompt)) for s in samples]
+    env = SCOUT_ENV | {"SCOUT_RESIDENT_FIRST": "on", "SCOUT_RESIDENT_POOL_BLOCKS": str(args.ramp_pool)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with launched_server(bundled_model_dir(), *server_args(args, max(args.ramp_levels)), env=env,
+                             log_path=Path(tmp) / "ramp.log") as base:
+            for clients in args.ramp_levels:
+                level = run_level(base, texts, clients, args.ramp_seconds, ask, scout_stats, args.timeout)
+                rows.append(level_row(level, full_answers, answers))
+                log(f"ramp: {clients} clients: {rows[-1]}")
+    return {"pool_pages": args.ramp_pool, "seconds": args.ramp_seconds, "levels": rows,
+            "verdict": ramp_verdict(rows)}
+
+
 def soak(args) -> dict:
     from scout_sglang.retrieval.evaluate import bundled_model_dir
     from scout_sglang.server.client import scout_stats
     from scout_sglang.server.launch import launched_server
 
-    lengths = [int(x) for x in args.lengths.split(",")]
-    samples, args.shared = with_shared_prefix(prompt_pool(args.prompts, lengths, seed=5150), args.shared_prefix, 5151)
-    log(f"reference answers for {len(samples)} prompts of {sorted(set(lengths))} tokens ({len(args.shared)} of them "
-        f"after a common {PREAMBLE_TOKENS}-token preamble)")
-    answers = reference_answers(samples, SCOUT_ENV)
-    server_args = ("--attention-backend", "scout", "--dtype", "float32", "--max-total-tokens", str(args.max_total_tokens),
-                   "--max-running-requests", str(args.clients), "--page-size", str(BLOCK), "--enable-metrics")
+    samples, answers = prompts_and_answers(args)
+    arguments = server_args(args, args.clients)
     with tempfile.TemporaryDirectory() as tmp:
         drop_env = SCOUT_ENV | {"SCOUT_TEST_FAULTS": DROP_FAULTS, "SCOUT_TEST_FAULTS_ALLOW": "1"}
-        with launched_server(bundled_model_dir(), *server_args, env=drop_env,
+        with launched_server(bundled_model_dir(), *arguments, env=drop_env,
                              log_path=Path(tmp) / "control.log") as base:
             control = negative_control(base, samples, answers, args)
     log(f"negative control ({DROP_FAULTS}): {control['differ']} of {control['completed']} answers differ from the "
@@ -229,7 +265,7 @@ def soak(args) -> dict:
     records, rss, lock = [], [], threading.Lock()
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "server.log"
-        with launched_server(bundled_model_dir(), *server_args, env=env, log_path=log_path) as base:
+        with launched_server(bundled_model_dir(), *arguments, env=env, log_path=log_path) as base:
             start = time.monotonic()
             end = start + args.seconds
             log(f"{args.clients} clients for {args.seconds:.0f} s against {base} (env {env})")
@@ -250,7 +286,16 @@ def soak(args) -> dict:
             time.sleep(3)  # the last aborts and releases settle
             stats = scout_stats(base)
             health = _health(base)
-    return summarize(records, rss, stats, health, start, args, control=control)
+    result = summarize(records, rss, stats, health, start, args, control=control)
+    with_ramp(result, load_ramp(args, samples, answers))
+    return result
+
+
+def with_ramp(result: dict, ramp: dict) -> None:
+    """The load ramp's section and verdict in the soak's result."""
+    result["ramp"] = ramp
+    result["verdict"] = {k: v for k, v in result["verdict"].items() if not k.startswith("ramp_")} | ramp["verdict"]
+    result["passed"] = all(result["verdict"].values())
 
 
 def _health(base: str) -> int:
@@ -340,6 +385,10 @@ def write_report(result: dict) -> None:
              f"{result['rss_growth_after_warmup']} | {result['idle_pages']} | {result['cpu_fallbacks']} |", "",
              "Verdict: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in result["verdict"].items()), "",
              "![latency and RSS over time](soak.png)"]
+    if result.get("ramp"):
+        from soak_ramp import ramp_lines
+
+        lines += ["", *ramp_lines(result["ramp"])]
     if result["mismatches"] or result["failures"]:
         lines += ["", "First mismatches and failures:", ""]
         lines += [f"- `{json.dumps(r)}`" for r in result["mismatches"] + result["failures"]]
@@ -389,11 +438,21 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-prefix", type=float, default=0.25,
                         help="share of the pool's prompts that start with a common preamble (radix-cache hits)")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    parser.add_argument("--quick", action="store_true", help="about 2 minutes: 16 clients, 45 s, shorter prompts")
+    parser.add_argument("--ramp-levels", default="1,4,16,64", help="concurrent clients of the load ramp's levels")
+    parser.add_argument("--ramp-seconds", type=float, default=40.0, help="seconds per level of the load ramp")
+    parser.add_argument("--ramp-pool", type=int, default=400, help="the load ramp's resident pool, pages")
+    parser.add_argument("--only-ramp", action="store_true",
+                        help="run the load ramp alone and put it in the last soak's report")
+    parser.add_argument("--quick", action="store_true",
+                        help="about 3 minutes: 16 clients, 30 s, shorter prompts; a two-level ramp")
     args = parser.parse_args(argv)
     if args.quick:
-        args.minutes, args.clients, args.prompts, args.lengths = 0.75, 16, 12, "256,512,1024"
+        args.minutes, args.clients, args.prompts, args.lengths = 0.5, 16, 12, "256,512,1024"
+        args.ramp_levels, args.ramp_seconds, args.ramp_pool = "1,8", 12.0, 160
     args.seconds = args.minutes * 60
+    args.ramp_levels = [int(x) for x in args.ramp_levels.split(",")]
+    if args.only_ramp:
+        return only_ramp(args)
     started = time.monotonic()
     result = soak(args)
     result["run_seconds"] = round(time.monotonic() - started, 1)
@@ -407,6 +466,23 @@ def main(argv=None) -> int:
                                              "disconnected", "failed", "latency_s", "rss_growth_after_warmup",
                                              "idle_pages", "cpu_fallbacks", "control", "run_seconds")}))
     return 0 if result["passed"] else 1
+
+
+def only_ramp(args) -> int:
+    """The load ramp alone, its section put in the last soak's report (benchmarks/results/soak.json)."""
+    last = RESULTS / "soak.json"
+    if not last.exists() and not args.quick:
+        print(f"error: --only-ramp adds to the last soak's report, and {last} does not exist: run the soak",
+              file=sys.stderr)
+        return 2
+    samples, answers = prompts_and_answers(args)
+    ramp = load_ramp(args, samples, answers)
+    if not args.quick:
+        result = json.loads(last.read_text())
+        with_ramp(result, ramp)
+        write_report(result)
+    print(json.dumps({"passed": all(ramp["verdict"].values()), "ramp": ramp}))
+    return 0 if all(ramp["verdict"].values()) else 1
 
 
 if __name__ == "__main__":

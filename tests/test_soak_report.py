@@ -68,3 +68,36 @@ def test_shared_prefix_prompts_start_with_one_preamble():
     assert shared == {0, 4}
     assert samples[0].prompt[1:1 + soak.PREAMBLE_TOKENS] == samples[4].prompt[1:1 + soak.PREAMBLE_TOKENS]
     assert samples[0].prompt[-2:] == pool[0].prompt[-2:] and samples[1] is pool[1]
+
+
+def ramp_level(clients, *, outcome="completed", text="K V1 V2 .", exact=1.0, cpu=0):
+    """A load-ramp level as soak_ramp.run_level returns it: two requests of prompt 0, statistics around them."""
+    before = {"decoded_tokens": 100, "cpu_blocks": 50}
+    return {"clients": clients, "records": [{"prompt": 0, "outcome": "completed", "text": "K V1 V2 .", "latency_s": 1.0},
+                                            {"prompt": 0, "outcome": outcome, "text": text, "latency_s": 2.0}],
+            "before": before, "middle": {"resident_pool": {"recent_exact_share": exact, "used": 30}},
+            "after": {"decoded_tokens": 110, "cpu_blocks": 50 + cpu}}
+
+
+def test_the_load_ramp_needs_exact_answers_at_low_load_sparse_steps_at_full_load_and_no_failure():
+    from soak_ramp import level_row, ramp_lines, ramp_verdict
+
+    full, sparse = [["K", "V1", "V2", "."]], [["K", "V1", "V9", "."]]
+    low = level_row(ramp_level(1), full, sparse)
+    assert (low["completed"], low["identical_to_full"], low["identical_to_sparse"]) == (2, 2, 0)
+    high = level_row(ramp_level(8, text="K V1 V9 .", exact=0.25, cpu=40), full, sparse)
+    assert (high["identical_to_full"], high["identical_to_sparse"], high["cpu_blocks_per_token"]) == (1, 1, 4.0)
+    verdict = ramp_verdict([low, high])
+    assert all(verdict.values()), verdict
+    result = soak.summarize(records(), RSS, STATS, 200, 0.0, ARGS, control=CONTROL)
+    soak.with_ramp(result, {"pool_pages": 160, "seconds": 12.0, "levels": [low, high], "verdict": verdict})
+    assert result["passed"] and "ramp_exact_at_low_load" in result["verdict"]
+    assert any(line.startswith("| 8 | 2 | 0 | 0.25 | 4.0 |") for line in ramp_lines(result["ramp"]))
+    wrong_at_low = level_row(ramp_level(1, text="K V1 V9 ."), full, sparse)
+    failing = level_row(ramp_level(8, outcome="failed", text="HTTP 500", exact=0.25, cpu=40), full, sparse)
+    never_sparse = level_row(ramp_level(8), full, sparse)
+    for rows, broken in (([wrong_at_low, high], "ramp_exact_at_low_load"), ([low, failing], "ramp_zero_failed"),
+                         ([low, never_sparse], "ramp_sparse_at_full_load")):
+        assert not ramp_verdict(rows)[broken]
+        soak.with_ramp(result, {"levels": rows, "verdict": ramp_verdict(rows)})
+        assert not result["passed"]

@@ -1,4 +1,5 @@
-"""The Triton kernels that hold the estimate's value summary compile for a Hopper GPU (sm_90) with the real
+"""The Triton kernels that hold the estimate's value summary, the CPU split's and resident-first's compile for a
+Hopper GPU (sm_90) with the real
 backend, here without a GPU: the interpreter runs the kernels as Python (numpy on tiles), not through the
 compiler's typing, layouts and code generation, so a kernel the compiler refuses would otherwise first fail on a
 GPU. Compile only, in a child process without TRITON_INTERPRET (under it @triton.jit builds no compiler
@@ -19,10 +20,13 @@ INDEX_POINTERS = ("page_ids_ptr", "rows_ptr", "pages_ptr", "offsets_ptr", "diges
                   "status_ptr", "block_table_ptr", "last_block_len_ptr", "gate_ptr", "forced_ptr",
                   "window_pages_ptr", "resident_pages_ptr", "host_table_ptr", "dev_pages_ptr", "dev_counts_ptr",
                   "cpu_blocks_ptr", "cpu_pages_ptr", "cpu_counts_ptr", "cap_ptr", "zc_pages_ptr", "zc_counts_ptr",
-                  "listed_ptr", "counters_ptr")
+                  "listed_ptr", "counters_ptr", "previous_ptr", "num_tokens_ptr", "page_counts_ptr", "row_topk_ptr",
+                  "quota_ptr", "leaving_block_ptr", "leaving_page_ptr", "due_ptr", "runs_ptr", "brake_ptr",
+                  "positions_ptr")
 FP32_POINTERS = ("part_ptr", "lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr",
-                 "zc_o_ptr", "zc_lse_ptr", "part_o_ptr", "part_lse_ptr")
-FP32_SCALARS = ("scale", "scale_log2", "log_block_size")
+                 "zc_o_ptr", "zc_lse_ptr", "part_o_ptr", "part_lse_ptr", "scores_ptr")
+INT8_POINTERS = ("ready_ptr",)  # the resident rows' fill flags
+FP32_SCALARS = ("scale", "scale_log2", "log_block_size", "recall_beta")
 
 
 def compile_for_hopper(kernel, constexprs: dict) -> str:
@@ -37,7 +41,8 @@ def compile_for_hopper(kernel, constexprs: dict) -> str:
         if name == "clock_ns_ptr":
             return "*i64"
         if name.endswith("_ptr"):
-            return "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else "*bf16"
+            return "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else \
+                "*i8" if name in INT8_POINTERS else "*bf16"
         return "fp32" if name in FP32_SCALARS else "i64"
 
     signature = {name: arg_type(name) for name in kernel.arg_names}
@@ -65,6 +70,23 @@ def compile_all() -> dict:
     ptx["estimate/partials"] = compile_for_hopper(_estimate_partials_kernel, dict(
         config, NUM_QO_HEADS=32, SPLITS=16, SLICE=128))
     ptx |= compile_cpu_split()
+    ptx |= compile_resident_first()
+    return ptx
+
+
+def compile_resident_first() -> dict:
+    """Resident-first's kernels: the select stage with each row's own k (and without, as before), and the resident
+    rows' stage whose columns may have no page (PAD or the scratch page), in its fill and recall phases."""
+    from scout_sglang.kernels.triton.stage_recall import _config as recall_config, _resident_row_kernel
+    from scout_sglang.kernels.triton.stage_select import _config as select_config, _select_topk_kernel
+
+    ptx = {}
+    for row_topk in (False, True):  # a 64k row at blocks of 16, selecting 64 (an exact row: all its resident ones)
+        ptx[f"select/{row_topk}"] = compile_for_hopper(
+            _select_topk_kernel, select_config(64, 4096, 1, 2, 16, True, True, False, row_topk))
+    for phase, recall in (("fill", None), ("recall", "cpu")):  # rows of 61 blocks (compile time grows as R squared)
+        config = recall_config(61, 64, 3, 64, 8, 16, 128, False, phase == "fill", recall, False, True, 2, True, 4)
+        ptx[f"resident/{phase}"] = compile_for_hopper(_resident_row_kernel, config)
     return ptx
 
 
@@ -114,6 +136,13 @@ def test_the_estimate_kernels_compile_walked_whole_and_in_slices(ptx):
     # of slices reads partials alone.
     walks = {name: "value_summary.py" in ptx[name] for name in ("estimate/1", "estimate/16", "estimate/partials")}
     assert walks == {"estimate/1": True, "estimate/16": False, "estimate/partials": True}
+
+
+def test_resident_firsts_kernels_compile(ptx):
+    for name in ("select/False", "select/True", "resident/fill", "resident/recall"):
+        assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
+    # Each row's own k is one more load: only where ROW_TOPK is on.
+    assert ptx["select/True"].count("ld.global") > ptx["select/False"].count("ld.global")
 
 
 def test_the_cpu_splits_kernels_compile(ptx):

@@ -37,6 +37,10 @@ from scout_sglang.kernels.triton.sizes import or_unused, p2
 from scout_sglang.layout import PAD_BLOCK
 
 RECALL_NONE, RECALL_SELECTED, RECALL_CPU = 0, 1, 2
+# The widest row (and selection) this stage compiles for in practice: its victim rank is an [R, R] comparison
+# and its candidates' matches [K, R], so code and compile time grow as R squared (sm_90: 20 s and 1 MB of PTX at
+# 256 columns, 6 minutes and 5 MB at 512; past 1024 columns the compiler refuses the tensors).
+WIDEST_ROW = 256
 DUE_INTERVAL, DUE_ADAPTIVE = 0, 1
 
 

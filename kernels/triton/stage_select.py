@@ -19,6 +19,8 @@ chunk, not of the whole row. The grid is (B, Hkv) whatever the data.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -155,8 +157,6 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
     if batch_size == 0:
         return
     with_pages = pages is not None
-    topk_p2 = p2(topk + 1 if with_pages else topk)
-    chunk = max(topk_p2, min(p2(max_blocks), _MAX_CHUNK))
     dummy = counts  # pointer arguments that a disabled branch never reads
     _select_topk_kernel[(batch_size, num_kv_heads)](
         scores, num_full, selected, counts,
@@ -175,8 +175,16 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
         0 if pages is None else pages.stride(0), 0 if pages is None else pages.stride(1),
         0 if page_counts is None else page_counts.stride(0),
         0 if row_topk is None else row_topk.stride(0),
-        TOPK=topk, TOPK_P2=topk_p2, SINK=num_sink_blocks, LOCAL=num_local_blocks, CHUNK=chunk,
-        NUM_CHUNKS=cdiv(max(max_blocks, 1), chunk), TRACK=previous is not None, COUNT=counters is not None,
-        WITH_PAGES=with_pages, ROW_TOPK=row_topk is not None, BLOCK_SIZE=block_size, PAD=PAD_BLOCK, SELECTED_COL=SELECTED, CHANGED_COL=CHANGED,
-        COMPARED_COL=COMPARED,
+        **_config(topk, max_blocks, num_sink_blocks, num_local_blocks, block_size, previous is not None,
+                  counters is not None, with_pages, row_topk is not None),
     )  # fmt: skip
+
+
+@functools.cache
+def _config(topk, max_blocks, sink, local, block_size, track, count, with_pages, row_topk):
+    topk_p2 = p2(topk + 1 if with_pages else topk)
+    chunk = max(topk_p2, min(p2(max_blocks), _MAX_CHUNK))
+    return dict(TOPK=topk, TOPK_P2=topk_p2, SINK=sink, LOCAL=local, CHUNK=chunk,
+                NUM_CHUNKS=cdiv(max(max_blocks, 1), chunk), TRACK=track, COUNT=count, WITH_PAGES=with_pages,
+                ROW_TOPK=row_topk, BLOCK_SIZE=block_size, PAD=PAD_BLOCK, SELECTED_COL=SELECTED, CHANGED_COL=CHANGED,
+                COMPARED_COL=COMPARED)

@@ -146,6 +146,7 @@ class CoAttentionEngine:
             device=self.device, borrowed=host_store, assigned_pages=assigned_pages,
             selection_runs=recalls and config.recall_min_selected > 1, recall_brake=recalls and config.recall_brake,
             value_summaries=self.estimates, resident_pool=self._resident_pool_pages(max_requests),
+            resident_row_limit=self._resident_row_limit(),
         )  # fmt: skip
         self.pool = self.offloaded.pool  # resident-first serving (resident_pool.py), or None
         # Outputs of the select stage: the budget's top-k, or (resident-first) every block of a request that fits.
@@ -245,6 +246,28 @@ class CoAttentionEngine:
         if config.resident_pool_blocks is not None:
             return config.resident_pool_blocks
         return max_requests * config.resident_capacity
+
+    def _resident_row_limit(self) -> int | None:
+        """Resident-first where the resident stage runs Triton: rows of at most WIDEST_ROW blocks with the forced
+        ones (kernels/triton/stage_recall.py), so a request with more blocks outside its window than that is served
+        sparse, with that many resident; None elsewhere (the torch stage takes any row)."""
+        config = self.config
+        if not config.resident_first:
+            return None
+        from scout_sglang.kernels.dispatch import select_impl
+
+        impl = None if config.kernel_impl == "flashinfer" else config.kernel_impl
+        if select_impl("bring_in", self.device.type, impl) != "triton":
+            return None
+        from scout_sglang.kernels.triton.stage_recall import WIDEST_ROW
+
+        limit = WIDEST_ROW - config.sink_blocks - config.local_blocks
+        if self.max_blocks - config.sink_blocks - config.local_blocks > limit:
+            logger.warning("scout: resident-first on the Triton path keeps at most %d blocks of a request resident "
+                           "(the widest row its resident stage compiles for); a request with more blocks outside its "
+                           "window (%d tokens at blocks of %d) is served sparse", limit,
+                           (limit + config.sink_blocks + config.local_blocks) * self.block_size, self.block_size)
+        return limit
 
     def _rebalance_pool(self, tokens: dict[int, int] | None = None) -> None:
         """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
@@ -446,7 +469,7 @@ class CoAttentionEngine:
     def resident_pool_state(self) -> dict | None:
         """Resident-first serving (resident_pool.py): the pool's pages and their use, the requests attended
         exactly now, and the resident columns quota shrinkage gave back since start-up; None without it."""
-        return None if self.pool is None else self.pool.usage()
+        return None if self.pool is None else self.pool.usage() | {"row_blocks": self.offloaded.resident_width}
 
     def memory(self) -> dict:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""

@@ -343,7 +343,8 @@ class OffloadedStore:
     def __init__(self, layers, *, num_host_pages: int, max_requests: int, max_blocks: int, shape: ModelShape,
                  block_size: int, sink_blocks: int, local_blocks: int, resident_blocks: int, dtype, device,
                  borrowed: BorrowedHostStore | None = None, assigned_pages: bool = False, selection_runs: bool = False,
-                 recall_brake: bool = False, value_summaries: bool = False, resident_pool: int | None = None):
+                 recall_brake: bool = False, value_summaries: bool = False, resident_pool: int | None = None,
+                 resident_row_limit: int | None = None):
         self.layers = tuple(layers)
         self.block_size = block_size
         self.sink_blocks = sink_blocks
@@ -354,8 +355,11 @@ class OffloadedStore:
         # pages from one pool of `resident_pool` pages at the start of the device store; else resident_blocks
         # pages per slot, allocated with its window.
         pooled = resident_pool is not None
+        # (The widest a row can be where the resident stage is Triton's: resident_row_limit.)
         self.resident_width = max(resident_blocks, max_blocks - sink_blocks - local_blocks) if pooled \
             else resident_blocks
+        if pooled and resident_row_limit is not None:
+            self.resident_width = min(self.resident_width, max(resident_blocks, resident_row_limit))
         self.pages_per_request = self.window_width + (0 if pooled else resident_blocks)
         self.device = device
         num_kv_heads, head_dim = shape.num_kv_heads, shape.head_dim

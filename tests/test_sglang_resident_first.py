@@ -15,8 +15,10 @@ from scout_sglang.server.client import generate, scout_stats
 from scout_sglang.server.launch import launched_server
 
 pytestmark = [requires_sglang, pytest.mark.slow]
-# budget 128 tokens in blocks of 16 (8 blocks); a pool of 16 x 8 pages: two requests of ~60 blocks fit, 16 do not
-SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1", "SCOUT_RESIDENT_FIRST": "on"}
+# budget 128 tokens in blocks of 16 (8 blocks); a pool of 16 x 8 pages, set (sized from the stock KV budget, it
+# would hold every request here): two requests of ~60 blocks fit, 16 do not
+SCOUT_ENV = {"SCOUT_CONFIG": "tiny", "SCOUT_CPU_GROUPS": "1", "SCOUT_RESIDENT_FIRST": "on",
+             "SCOUT_RESIDENT_POOL_BLOCKS": "128"}
 SERVER = ("--dtype", "float32", "--max-total-tokens", "24576", "--max-running-requests", "16",
           "--disable-radix-cache")
 VOCAB = 263
@@ -55,6 +57,7 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     assert stock == dense  # the stock server and full attention agree: the control
     assert alone == stock[:1] and pair == stock and again == stock[1:]  # exact at 1 and 2 requests
     assert exact["cpu_blocks"] == start["cpu_blocks"] == 0 and exact["resident_pool"]["recent_exact_share"] == 1.0
+    assert exact["resident_pool"]["pages"] == 128 and exact["resident_pool"]["sized_by"] == "SCOUT_RESIDENT_POOL_BLOCKS"
     # full load: sparse (a CPU part, quotas shrunk), every request complete, none failed
     assert all(len(tokens) == NEW_TOKENS for tokens in loaded)
     assert crowded["cpu_blocks"] > 0 and crowded["resident_pool"]["evicted_columns"] > 0

@@ -22,10 +22,19 @@ def patched(patch_builtin):
 
 
 def test_it_patches_what_the_interpreter_patches():
+    """After a launch too: the interpreter leaves a nested call's patches in place (Triton's own library functions
+    patch triton.language.core in a scope nobody restores), so which names hold builtins changes."""
+    import torch
+
+    from scout_sglang.kernels.stage_select import select_blocks
     from scout_sglang.triton_interpreter import speed_up_interpreter
 
     if not speed_up_interpreter():
         pytest.skip("this Triton's interpreter has another patching function: it runs as shipped")
+    selected, counts = torch.full((2, 2, 6), -1, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)
+    select_blocks(torch.randn(2, 2, 20), torch.tensor([20, 15], dtype=torch.int32), topk=6, num_sink_blocks=1,
+                  num_local_blocks=2, out_selected=selected, out_counts=counts, impl="triton")
+    assert (counts == 6).all()
     fast = interpreter._patch_builtin
     shipped = patched(fast.original)
     assert shipped[0] and shipped[1] == 0

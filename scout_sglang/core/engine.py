@@ -561,10 +561,10 @@ class CoAttentionEngine:
             return
         store, slot, first = self.offloaded, self.requests[rid].slot, start // size
         blocks = list(range(sink + before, sink + after))
-        earlier = [b for b in blocks if b < first]
-        parts_k = [store.dev_k[layer][[store.window_page(rid, b) for b in earlier]]] if earlier else []
-        parts_v = [store.dev_v[layer][[store.window_page(rid, b) for b in earlier]]] if earlier else []
-        if len(earlier) < len(blocks):
+        window = [store.window_page(rid, b) for b in blocks if b < first]  # completed by an earlier chunk
+        parts_k = [store.dev_k[layer][window]] if window else []
+        parts_v = [store.dev_v[layer][window]] if window else []
+        if len(window) < len(blocks):
             chunk = [b - first for b in blocks if b >= first]
             parts_k.append(k_blocks[chunk])
             parts_v.append(v_blocks[chunk])

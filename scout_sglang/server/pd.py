@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from scout_sglang.env import config_from_env
-from scout_sglang.server.launch import free_port, launched_process, launched_server
+from scout_sglang.server.launch import free_port, launched_on_free_port, launched_server
 
 # Both instances. Mooncake over TCP on loopback: no RDMA device is needed (a deployment with one sets
 # MOONCAKE_PROTOCOL=rdma and its own SGLANG_HOST_IP). Early sending of a cached prefix is off: with a radix
@@ -72,13 +72,11 @@ def launched_pd(model_path, *, common_args=(), prefill_args=(), decode_args=(), 
                         log_path=log("decode"), device=device)]
     with contextlib.ExitStack() as stack:
         prefill, decode = entered_together(stack, servers)
-        router_port = free_port()
-        router = f"http://127.0.0.1:{router_port}"
-        command = router_command(prefill, bootstrap, decode, router_port)
         # /readiness: 200 once both workers are registered and healthy (/health answers before that)
-        stack.enter_context(launched_process(command, router + "/readiness", env=dict(os.environ),
-                                             log_path=log("router"), what="router"))
-        yield PdUrls(router=router, prefill=prefill, decode=decode)
+        router_port, _ = stack.enter_context(launched_on_free_port(
+            lambda port: router_command(prefill, bootstrap, decode, port), "/readiness", env=dict(os.environ),
+            log_path=log("router"), what="router"))
+        yield PdUrls(router=f"http://127.0.0.1:{router_port}", prefill=prefill, decode=decode)
 
 
 def page_args(common_args, env: dict) -> tuple[str, ...]:

@@ -62,10 +62,11 @@ FAST_TESTS = (
 # out: test_layer_programs.py and test_step_capture.py, which count launches and compare a replayed step with an
 # eager one (both Triton: a wrong kernel is wrong in both) and take 4-15 minutes here.
 TRITON_TESTS = (
+    "tests/test_kernels_lists.py",  # lists.py: the linear lookups and compaction against torch and all pairs
     "tests/test_kernels_cpu_part.py",  # handoff.py: the merge with the worker's part or the fallback's
     "tests/test_kernels_estimate.py",  # estimate.py: the estimate, merged with the device part and the CPU part
     "tests/test_stage_append.py",  # stage_append.py
-    "tests/test_stage_split.py",  # stage_split.py, lists.py
+    "tests/test_stage_split.py",  # stage_split.py
     "tests/test_kernels_triton_dispatch.py",  # the host wrappers' calls of decode, digest, selection, merge
     "tests/test_recall_brake.py",  # stage_recall.py's brake
     "tests/test_stage_recall.py",  # stage_recall.py

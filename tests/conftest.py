@@ -25,3 +25,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(params=["histogram", "all pairs"])
+def lookup(request, monkeypatch):
+    """The Triton stages' block lookups: by a histogram of block ids, or all pairs where a table's ids would not
+    fit one (sizes.MAX_BINS; forced here by a limit of one bin)."""
+    if request.param == "all pairs":
+        from scout_sglang.kernels.triton import sizes, stage_recall, stage_select, stage_split
+
+        monkeypatch.setattr(sizes, "MAX_BINS", 1)
+        for module in (stage_recall, stage_select, stage_split):
+            module._config.cache_clear()
+        request.addfinalizer(lambda: [module._config.cache_clear() for module in (stage_recall, stage_select,
+                                                                                    stage_split)])
+    return request.param

@@ -14,40 +14,41 @@ IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.tri
 HEADS, BLOCK, DIM, RESIDENT, BLOCKS = 2, 4, 8, 3, 12
 
 
-def case(seed, batch=4, topk=5):
+def case(seed, batch=4, topk=5, resident=RESIDENT, blocks=BLOCKS):
     gen = torch.Generator().manual_seed(seed)
     slots = torch.tensor([3, 0, 5, 1][:batch], dtype=torch.int32)
-    resident = torch.randint(0, BLOCKS, (6, HEADS, RESIDENT), generator=gen, dtype=torch.int32)
+    rows = torch.randint(0, blocks, (6, HEADS, resident), generator=gen, dtype=torch.int32)
     for s in range(6):  # distinct blocks per row, some empty
         for h in range(HEADS):
-            row = torch.randperm(BLOCKS, generator=gen)[:RESIDENT].int()
-            row[torch.rand(RESIDENT, generator=gen) < 0.35] = PAD_BLOCK
-            resident[s, h] = row
+            row = torch.randperm(blocks, generator=gen)[:resident].int()
+            row[torch.rand(resident, generator=gen) < 0.35] = PAD_BLOCK
+            rows[s, h] = row
     counts = torch.randint(0, topk + 1, (batch, HEADS), generator=gen, dtype=torch.int32)
     selected = torch.full((batch, HEADS, topk), PAD_BLOCK, dtype=torch.int32)
     for b in range(batch):
         for h in range(HEADS):
-            selected[b, h, : counts[b, h]] = torch.randperm(BLOCKS, generator=gen)[: counts[b, h]].int()
+            selected[b, h, : counts[b, h]] = torch.randperm(blocks, generator=gen)[: counts[b, h]].int()
     forced = torch.full((batch, 3), PAD_BLOCK, dtype=torch.int32)
     forced[:, 0] = selected[:, 0, 0].clamp(min=0)  # one selected block is forced in each request
-    scores = (torch.randn(batch, HEADS, BLOCKS, generator=gen) * 2).round()  # ties among scores
+    scores = (torch.randn(batch, HEADS, blocks, generator=gen) * 2).round()  # ties among scores
     cpu_counts = torch.randint(0, 4, (batch, HEADS), generator=gen, dtype=torch.int32)
     cpu_blocks = torch.full((batch, HEADS, 3), PAD_BLOCK, dtype=torch.int32)
     for b in range(batch):
         for h in range(HEADS):
-            cpu_blocks[b, h, : cpu_counts[b, h]] = torch.randperm(BLOCKS, generator=gen)[: cpu_counts[b, h]].int()
-    host_k = torch.randn(40, HEADS, BLOCK, DIM, generator=gen)
-    host_v = torch.randn(40, HEADS, BLOCK, DIM, generator=gen)
-    host_table = torch.stack([torch.randperm(39, generator=gen)[:BLOCKS] for _ in range(batch)]).int()
-    dev_k, dev_v = torch.zeros(1 + batch * (RESIDENT + 1), HEADS, BLOCK, DIM), torch.zeros(1 + batch * (RESIDENT + 1), HEADS, BLOCK, DIM)
-    resident_pages = torch.arange(batch * RESIDENT, dtype=torch.int32).view(batch, RESIDENT)
-    window_page = batch * RESIDENT + torch.arange(batch, dtype=torch.int32)  # one window page per request
+            cpu_blocks[b, h, : cpu_counts[b, h]] = torch.randperm(blocks, generator=gen)[: cpu_counts[b, h]].int()
+    num_host = max(40, blocks + 28)
+    host_k = torch.randn(num_host, HEADS, BLOCK, DIM, generator=gen)
+    host_v = torch.randn(num_host, HEADS, BLOCK, DIM, generator=gen)
+    host_table = torch.stack([torch.randperm(num_host - 1, generator=gen)[:blocks] for _ in range(batch)]).int()
+    dev_k, dev_v = torch.zeros(1 + batch * (resident + 1), HEADS, BLOCK, DIM), torch.zeros(1 + batch * (resident + 1), HEADS, BLOCK, DIM)
+    resident_pages = torch.arange(batch * resident, dtype=torch.int32).view(batch, resident)
+    window_page = batch * resident + torch.arange(batch, dtype=torch.int32)  # one window page per request
     dev_k[window_page.long()] = torch.randn(batch, HEADS, BLOCK, DIM, generator=gen)
     dev_v[window_page.long()] = torch.randn(batch, HEADS, BLOCK, DIM, generator=gen)
     leaving = torch.tensor([7, PAD_BLOCK, 2, 11][:batch], dtype=torch.int32)
     ready = torch.zeros(6, HEADS, dtype=torch.int8)
     ready[0] = 1  # slot 0 was filled before
-    return dict(slots=slots, resident=resident, selected=selected, counts=counts, forced=forced, scores=scores,
+    return dict(slots=slots, resident=rows, selected=selected, counts=counts, forced=forced, scores=scores,
                 cpu_blocks=cpu_blocks, cpu_counts=cpu_counts, host_k=host_k, host_v=host_v, host_table=host_table,
                 dev_k=dev_k, dev_v=dev_v, resident_pages=resident_pages, window_page=window_page, leaving=leaving,
                 ready=ready, num_full=torch.tensor([6, 6, 0, 9][:batch], dtype=torch.int32))
@@ -78,7 +79,8 @@ def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None, u
     policy sees, and stay empty."""
     rows, recalled, dropped = {}, 0, 0
     for b, slot in enumerate(c["slots"].tolist()):
-        keep = [r for r in range(RESIDENT) if (b, r) not in unusable]
+        width = c["resident"].shape[2]
+        keep = [r for r in range(width) if (b, r) not in unusable]
         for h in range(HEADS):
             row = [c["resident"][slot, h, r].item() for r in keep]
             selected = c["selected"][b, h, : c["counts"][b, h]].tolist()
@@ -97,7 +99,7 @@ def expected_rows(c, *, quota, admit=False, fill=False, recall=None, due=None, u
                 if recall == "selected":
                     dropped += len([j for j in candidates if j not in after])
                 row = after
-            rows[slot, h] = [PAD_BLOCK] * RESIDENT
+            rows[slot, h] = [PAD_BLOCK] * width
             for r, block in zip(keep, row):
                 rows[slot, h][r] = block
     return rows, recalled, dropped
@@ -169,6 +171,35 @@ def test_scout_recall_of_the_cpu_list_when_due(impl, due):
         assert out["resident"][slot, h].tolist() == row, (slot, h)
     assert counters[RECALLED] == recalled > 0
     check_copies(c, out, rows)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("phases", [dict(admit=True, fill=True), dict(recall="selected")], ids=["fill", "recall"])
+@pytest.mark.parametrize("quota", [48, 20])
+def test_rows_as_wide_as_a_resident_first_request(impl, lookup, phases, quota):
+    """A row and a selection of most of a request's blocks (linear lookups and a sorted victim order in Triton),
+    the table's last block id both in rows and selected."""
+    c = case(6, topk=60, resident=48, blocks=64)
+    last = 63
+    for b, slot in enumerate(c["slots"].tolist()):
+        for h in range(HEADS):
+            chosen = c["selected"][b, h]
+            chosen[chosen == last] = PAD_BLOCK
+            count = int(c["counts"][b, h])
+            if b % 2:  # resident: the row holds the last block
+                row = c["resident"][slot, h]
+                row[row == last] = PAD_BLOCK
+                row[0] = last
+            elif count:  # selected: the last block is a candidate
+                chosen[count - 1] = last
+            chosen[:count] = torch.where(chosen[:count] == PAD_BLOCK, last, chosen[:count])
+    out, counters = run(impl, c, quota=quota, **phases)
+    rows, recalled, _ = expected_rows(c, quota=quota, **phases)
+    for (slot, h), row in rows.items():
+        assert out["resident"][slot, h].tolist() == row, (slot, h)
+    if "recall" in phases:
+        assert counters[RECALLED] == recalled > 0
+    check_copies(c, out, rows, admitted="admit" in phases)
 
 
 def without_pages(c, unusable):

@@ -83,7 +83,7 @@ def test_negative_zero_and_zero_are_a_tie(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_the_change_count_compares_with_the_previous_selection_of_the_same_slot(impl):
+def test_the_change_count_compares_with_the_previous_selection_of_the_same_slot(impl, lookup):
     device = device_of(impl)
     topk, num_full = 3, [6, 6, 0]
     previous = torch.full((5, 1, topk), PAD_BLOCK, dtype=torch.int32)

@@ -13,10 +13,9 @@ from scout_sglang.layout import PAD_BLOCK
 IMPLS = ["torch", pytest.param("triton", marks=[requires_triton, pytest.mark.triton_interpret])]
 
 
-def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0):
+def case(*, batch=4, heads=2, topk=6, width=4, resident=3, seed=0, num_blocks=20):
     """Random selections of distinct blocks, windows, resident rows (with empty slots) and page tables."""
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = 20
     selected = torch.full((batch, heads, topk), PAD_BLOCK, dtype=torch.int32)
     counts = torch.randint(0, topk + 1, (batch, heads), generator=gen, dtype=torch.int32)
     counts[0, 0] = topk  # a full selection
@@ -101,10 +100,29 @@ def listed(rows, counts, b, h):
 @pytest.mark.parametrize("capacity", [0, 2, 6])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_device_and_cpu_lists_equal_the_reference_split(impl, capacity, seed):
-    c = case(seed=seed)
+    check_against_reference(impl, case(seed=seed), capacity)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_as_wide_as_a_resident_first_request_split_like_the_reference(impl, lookup):
+    """Resident-first: a selection and a resident row of most of a request's blocks (linear lookups in Triton),
+    the table's last block id both selected and resident."""
+    c = case(batch=2, topk=100, resident=90, num_blocks=128, seed=4)
+    last = 127
+    for b in range(2):
+        for h in range(2):
+            row = c["selected"][b, h]
+            row[row == last] = row[0].item()
+            row[0] = last
+            c["counts"][b, h] = max(int(c["counts"][b, h]), 1)
+            c["resident"][c["slots"][b], h, 0] = last
+    check_against_reference(impl, c, 40)
+
+
+def check_against_reference(impl, c, capacity):
     out = run(impl, c, capacity=capacity)
     device, cpu, dropped = expected(c, capacity=capacity)
-    for b in range(4):
+    for b in range(c["selected"].shape[0]):
         for h in range(2):
             assert listed(out["device_pages"], out["device_counts"], b, h) == device[b][h], (b, h)
             assert listed(out["cpu_blocks"], out["cpu_counts"], b, h) == cpu[b][h], (b, h)

@@ -23,3 +23,14 @@ def cdiv(a: int, b: int) -> int:
 def or_unused(tensor, unused, n: int) -> tuple:
     """(tensor, its first n strides), or a pointer a disabled branch never reads and zero strides."""
     return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
+
+
+# The block-id histogram of the long lists' lookups (lists.member): int32 counts in shared memory, 64 KiB at most.
+MAX_BINS = 1 << 14
+
+
+def bins_for(num_blocks: int) -> int:
+    """The histogram's bins for block ids below `num_blocks` (one spare), or 0 where that passes MAX_BINS (a table
+    of more than 16383 blocks): the lookups then compare all pairs, and rows stay short (engine)."""
+    bins = p2(num_blocks + 1)
+    return bins if bins <= MAX_BINS else 0

@@ -27,14 +27,14 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(params=["histogram", "all pairs"])
+@pytest.fixture(params=["all pairs", "counted"])
 def lookup(request, monkeypatch):
-    """The Triton stages' block lookups: by a histogram of block ids, or all pairs where a table's ids would not
-    fit one (sizes.MAX_BINS; forced here by a limit of one bin)."""
-    if request.param == "all pairs":
+    """The Triton stages' list lookups and compaction: all pairs (the lists of a sparse row), or counted through
+    histograms (a row as wide as a long request; forced here for any width by a limit of 0)."""
+    if request.param == "counted":
         from scout_sglang.kernels.triton import sizes, stage_recall, stage_select, stage_split
 
-        monkeypatch.setattr(sizes, "MAX_BINS", 1)
+        monkeypatch.setattr(sizes, "ALL_PAIRS_LIMIT", 0)
         for module in (stage_recall, stage_select, stage_split):
             module._config.cache_clear()
         request.addfinalizer(lambda: [module._config.cache_clear() for module in (stage_recall, stage_select,

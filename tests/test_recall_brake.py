@@ -93,7 +93,7 @@ def churn(step: int) -> list[int]:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_a_row_whose_recalls_do_not_pay_backs_off_and_resumes_when_the_selection_settles(impl):
+def test_a_row_whose_recalls_do_not_pay_backs_off_and_resumes_when_the_selection_settles(impl, lookup):
     row = Row(impl, max_backoff=3)
     recalls = {t: row.step(churn(t)) for t in range(30)}
     # Level n waits 2^n - 1 steps after its failed recall is judged: recalls at 0, 2, 6, 14, then every 8 steps.
@@ -115,7 +115,7 @@ def test_without_the_brake_a_churning_row_recalls_every_step(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_a_block_is_recalled_only_once_selected_in_consecutive_steps(impl):
+def test_a_block_is_recalled_only_once_selected_in_consecutive_steps(impl, lookup):
     row = Row(impl, min_selected=2, brake=False)
     assert row.step([1, 2]) == 0 and row.withheld == 2  # selected once: withheld
     assert row.step([3, 4]) == 0 and row.withheld == 2  # 1 and 2 left; 3 and 4 are new

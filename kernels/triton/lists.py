@@ -1,12 +1,18 @@
 """Small list helpers of the fused stages, inside one program: membership and order-keeping compaction.
 
 Lists are register vectors of a (request, KV head) row. `contains` and
-`place` compare all pairs: an [A, B] matrix, cheap for lists of a few dozen
-entries (a window, a CPU list) and needing no scatter. A row or selection as
-wide as a long request (resident-first: thousands of blocks) takes
-`member_of` and `compacted` instead, linear in the lists: a histogram of
-block ids and gathers, which Triton builds in shared memory. `member` picks
-one of the two lookups by the histogram's size (sizes.bins_for).
+`place` compare all pairs: an [A, B] matrix, cheap for the lists of a sparse
+row (a few hundred entries at most), and needing no shared-memory scatter
+(whose writes to one address from two threads would race). A row or selection
+as wide as a long request (resident-first: thousands of blocks) would make
+that matrix millions of elements, which Triton refuses; there `member` and
+`compact` count instead: a histogram of block ids read at the values
+(`member_of`), a histogram of a list's running count (`compacted`). Triton
+builds a histogram with warp ballots, each thread counting its share of the
+bins for every value, so its code and time grow as values x bins / 32: far
+less than all pairs, yet not free (benchmarks/results/kernel_widths.md; sorting
+both lists took four to nine times the code). The kernels pick by a constexpr
+WIDE (sizes.wide_lists), so a sparse row's code is the all-pairs code.
 """
 
 from __future__ import annotations
@@ -68,20 +74,20 @@ def compacted(values, valid, OUT: tl.constexpr):
 
 
 @triton.jit
-def shifted(values, by, OUT: tl.constexpr):
-    """An [OUT] vector with values[i] at i + by (0 <= by), 0 where no value lands."""
-    n: tl.constexpr = values.shape[0]
-    lanes = tl.arange(0, OUT)
-    source = lanes - by
-    inside = (source >= 0) & (source < n)
-    return tl.where(inside, tl.gather(values, tl.minimum(tl.maximum(source, 0), n - 1), 0), 0)
-
-
-@triton.jit
-def member(values, pool, pool_valid, BINS: tl.constexpr):
-    """member_of where the block ids fit a histogram of BINS (> 0), else contains (all pairs)."""
-    if BINS > 0:
+def member(values, pool, pool_valid, WIDE: tl.constexpr, BINS: tl.constexpr):
+    """contains, or for WIDE lists whose ids fit BINS (> 0), member_of."""
+    if WIDE and BINS > 0:
         found = member_of(values, pool, pool_valid, BINS)
     else:
         found = contains(values, pool, pool_valid)
     return found
+
+
+@triton.jit
+def compact(values, valid, OUT: tl.constexpr, WIDE: tl.constexpr):
+    """place(values, rank_of(valid), valid, OUT), or compacted for WIDE lists."""
+    if WIDE:
+        out = compacted(values, valid, OUT)
+    else:
+        out = place(values, rank_of(valid), valid, OUT)
+    return out

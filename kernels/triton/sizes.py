@@ -25,12 +25,23 @@ def or_unused(tensor, unused, n: int) -> tuple:
     return (unused, (0,) * n) if tensor is None else (tensor, tensor.stride()[:n])
 
 
-# The block-id histogram of the long lists' lookups (lists.member): int32 counts in shared memory, 64 KiB at most.
+# The widest lists the fused stages compare all pairs (lists.contains, lists.place): [256, 256] matrices, what a
+# sparse row and the first resident-first rows took; wider lists sort instead (lists.member, lists.compact).
+ALL_PAIRS_LIMIT = 1 << 16
+
+
+def wide_lists(*lengths: int) -> bool:
+    """Whether lists of these lengths are too wide to compare all pairs."""
+    return p2(max(lengths)) ** 2 > ALL_PAIRS_LIMIT
+
+
+# The block-id histogram of the wide lists' lookups (lists.member_of): int32 counts in shared memory, 64 KiB at
+# most.
 MAX_BINS = 1 << 14
 
 
 def bins_for(num_blocks: int) -> int:
     """The histogram's bins for block ids below `num_blocks` (one spare), or 0 where that passes MAX_BINS (a table
-    of more than 16383 blocks): the lookups then compare all pairs, and rows stay short (engine)."""
+    of more than 16383 blocks): wide lists then cannot be looked up, and the engine keeps rows to 256 columns."""
     bins = p2(num_blocks + 1)
     return bins if bins <= MAX_BINS else 0

@@ -18,12 +18,10 @@ Every applied move is copied right here, host page -> resident page (K and V of
 this head), reading the page-locked host store through unified addressing on
 CUDA: no host step, no separate copy launch.
 
-The victim order is a sort of one key per slot, (class, score, slot) packed
-into 64 bits; candidate c goes to the slot at c's rank among the wanted
-candidates, and a second sort, by slot, gives each slot its place in that
-order. Lookups of blocks in the row and the selection use a histogram of the
-block ids (lists.member): every step is linear in the row or a sort of it,
-so a row as wide as a long request compiles (benchmarks/kernel_widths.py).
+The victim order is a rank: slot r's rank is the number of slots that sort
+before it by (class, score, slot), an [R, R] comparison; candidate c goes to
+the slot whose rank is c's rank among the wanted candidates. A row as wide as
+a long request (resident-first; WIDE) sorts and counts instead (wide_rows.py).
 """
 
 from __future__ import annotations
@@ -34,63 +32,57 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.recall_brake import FRESH, LEVEL, MOVED, RUN_BITS, RUN_LIMIT, WAIT
 from scout_sglang.kernels.step_counters import BACKED_OFF, DROPPED, RECALLED, WITHHELD
-from scout_sglang.kernels.triton.lists import as_mask, compacted, contains, member, rank_of
-from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2
+from scout_sglang.kernels.triton.lists import contains, member, place, rank_of
+from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, wide_lists
+from scout_sglang.kernels.triton.wide_rows import MOVES, SLOT_BITS, bring_in_wide, copy_moves_gathered
 
 from scout_sglang.layout import PAD_BLOCK
 
 RECALL_NONE, RECALL_SELECTED, RECALL_CPU = 0, 1, 2
-# The widest row (and selection) the resident-first path takes where its stages run Triton: each of them compiles
-# for 4096 columns (benchmarks/results/kernel_widths.md), looking blocks up through a histogram of block ids. Where
-# a table's ids do not fit one (sizes.bins_for), the lookups compare all pairs and rows stop at ALL_PAIRS_ROW.
+# The widest row (and selection) the resident-first path gives the stages where they run Triton: past 256
+# columns they count through histograms of block ids rather than compare all pairs (sizes.wide_lists), and each
+# compiles for sm_90 at 4096 (benchmarks/results/kernel_widths.md; a test compiles them at this width). Where a
+# table's ids do not fit a histogram (sizes.bins_for), rows stop at ALL_PAIRS_ROW.
 WIDEST_ROW = 4096
 ALL_PAIRS_ROW = 256
-SLOT_BITS = 16  # a slot's bits in the victim order's key: rows of up to 65536 columns
-MOVES = 4  # blocks copied per pass of a program
 DUE_INTERVAL, DUE_ADAPTIVE = 0, 1
 
 
 @triton.jit
-def _copy_blocks(src_k, src_v, dst_k, dst_v, src_pages, dst_pages, live, head, stride_src_page, stride_src_head,
-                 stride_src_tok, stride_dst_page, stride_dst_head, stride_dst_tok, tile, s, d):
-    # (page, head) blocks of K and of V, one per live entry of the page vectors: [M, S, D] each.
-    src = (src_pages.to(tl.int64)[:, None, None] * stride_src_page + head * stride_src_head
-           + s[None, :, None] * stride_src_tok + d[None, None, :])
-    dst = (dst_pages.to(tl.int64)[:, None, None] * stride_dst_page + head * stride_dst_head
-           + s[None, :, None] * stride_dst_tok + d[None, None, :])
-    mask = live[:, None, None] & tile[None, :, :]
+def _copy_block(src_k, src_v, dst_k, dst_v, src_page, dst_page, head, stride_src_page, stride_src_head,
+                stride_src_tok, stride_dst_page, stride_dst_head, stride_dst_tok, mask, s, d):
+    # One (page, head) block of K and of V: [S, D] each.
+    src = src_page.to(tl.int64) * stride_src_page + head * stride_src_head + s[:, None] * stride_src_tok + d[None, :]
+    dst = dst_page.to(tl.int64) * stride_dst_page + head * stride_dst_head + s[:, None] * stride_dst_tok + d[None, :]
     tl.store(dst_k + dst, tl.load(src_k + src, mask=mask), mask=mask)
     tl.store(dst_v + dst, tl.load(src_v + src, mask=mask), mask=mask)
 
 
 @triton.jit
-def _ordered_bits(score):
-    # A float32 as a 32-bit unsigned integer (in int64) that sorts as the float does; -0.0 as 0.0.
-    bits = (score + 0.0).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    return tl.where(bits >= 0x80000000, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+def _pick(vector, lanes, i):
+    return tl.sum(tl.where(lanes == i, vector, 0), axis=0)
 
 
 @triton.jit
-def _bring_in(row, slots_r, in_slot, candidates, selected, sel_valid, vscore, quota, PAD: tl.constexpr,
-              BINS: tl.constexpr, SLOT_BITS: tl.constexpr):
+def _bring_in(row, slots_r, in_slot, candidates, selected, sel_valid, vscore, quota, PAD: tl.constexpr):
     """-> (new row, applied [C], destination slot [C]) of candidates entering the row's usable slots (in_slot)."""
     occupied = row != PAD
-    wanted = (candidates != PAD) & ~member(candidates, row, occupied, BINS)
-    vclass = tl.where(in_slot & ~occupied, 0, tl.where(in_slot & ~member(row, selected, sel_valid, BINS), 1, 2))
-    # the victim order: by class, then score, then slot; each slot's place in it (a sort back by slot)
-    key = (vclass.to(tl.int64) << (32 + SLOT_BITS)) | (_ordered_bits(vscore) << SLOT_BITS) | slots_r.to(tl.int64)
-    low = (1 << SLOT_BITS) - 1
-    victims = (tl.sort(key) & low).to(tl.int32)  # slots, first victim first
-    vrank = (tl.sort((victims.to(tl.int64) << SLOT_BITS) | slots_r.to(tl.int64)) & low).to(tl.int32)
+    wanted = (candidates != PAD) & ~contains(candidates, row, occupied)
+    vclass = tl.where(in_slot & ~occupied, 0, tl.where(in_slot & ~contains(row, selected, sel_valid), 1, 2))
+    # slot j sorts before slot i: by class, then score, then slot
+    ci, cj = vclass[:, None], vclass[None, :]
+    si, sj = vscore[:, None], vscore[None, :]
+    before = (cj < ci) | ((cj == ci) & ((sj < si) | ((sj == si) & (slots_r[None, :] < slots_r[:, None]))))
+    vrank = tl.sum(before.to(tl.int32), axis=1)
     num_victims = tl.sum((vclass < 2).to(tl.int32), axis=0)
     crank = rank_of(wanted)
-    num_applied = tl.maximum(tl.minimum(tl.minimum(tl.sum(wanted.to(tl.int32), axis=0), num_victims), quota), 0)
-    applied = wanted & (crank < num_applied)
-    lanes: tl.constexpr = candidates.shape[0]
-    width: tl.constexpr = row.shape[0]
-    dst = tl.gather(victims, tl.minimum(tl.maximum(crank, 0), width - 1), 0)
-    incoming = tl.gather(compacted(candidates, wanted, lanes), tl.minimum(vrank, lanes - 1), 0)
-    new_row = tl.where((vclass < 2) & (vrank < num_applied), incoming, row)
+    applied = wanted & (crank < num_victims) & (crank < quota)
+    is_victim = vclass < 2
+    hit = (vrank[None, :] == crank[:, None]) & is_victim[None, :]  # [C, R]
+    dst = tl.sum(tl.where(hit, slots_r[None, :], 0), axis=1)
+    lands = applied[:, None] & (dst[:, None] == slots_r[None, :])  # [C, R]
+    gets = tl.max(lands.to(tl.int32), axis=0) > 0
+    new_row = tl.where(gets, tl.sum(tl.where(lands, candidates[:, None], 0), axis=0), row)
     return new_row, applied, dst
 
 
@@ -113,8 +105,8 @@ def _resident_row_kernel(
     HYSTERESIS: tl.constexpr, MIN_SELECTED: tl.constexpr, BRAKE: tl.constexpr, MAX_BACKOFF: tl.constexpr,
     RUN_BITS: tl.constexpr, RUN_LIMIT: tl.constexpr, LEVEL_WORD: tl.constexpr, WAIT_WORD: tl.constexpr,
     MOVED_WORD: tl.constexpr, FRESH_WORD: tl.constexpr, RECALLED_COL: tl.constexpr, DROPPED_COL: tl.constexpr,
-    WITHHELD_COL: tl.constexpr, BACKED_OFF_COL: tl.constexpr, BINS: tl.constexpr, SLOT_BITS: tl.constexpr,
-    MOVES: tl.constexpr,
+    WITHHELD_COL: tl.constexpr, BACKED_OFF_COL: tl.constexpr, WIDE: tl.constexpr, SLOT_BITS: tl.constexpr,
+    MOVES: tl.constexpr, BINS: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -145,21 +137,26 @@ def _resident_row_kernel(
         first_empty = tl.min(tl.where(empty, r, R_P2), axis=0)
         admit = (leaving != PAD) & (first_empty < R) & (tl.sum((row == leaving).to(tl.int32), axis=0) == 0)
         row = tl.where((r == first_empty) & admit, leaving, row)
-        m = tl.arange(0, MOVES)
-        _copy_blocks(dev_k_ptr, dev_v_ptr, dev_k_ptr, dev_v_ptr, m * 0 + window_page,
-                     tl.gather(pages, m * 0 + tl.minimum(first_empty, R_P2 - 1), 0), (m == 0) & as_mask(admit, m), head,
-                     stride_dev_page, stride_dev_head, stride_dev_tok, stride_dev_page, stride_dev_head,
-                     stride_dev_tok, tile, s, d)
+        _copy_block(dev_k_ptr, dev_v_ptr, dev_k_ptr, dev_v_ptr, window_page, _pick(pages, r, first_empty), head,
+                    stride_dev_page, stride_dev_head, stride_dev_tok, stride_dev_page, stride_dev_head,
+                    stride_dev_tok, tile & (s * 0 + admit.to(tl.int32) != 0)[:, None], s, d)
 
     if FILL:  # the row's first selection: victims in slot order
         ready = tl.load(ready_ptr + slot * stride_ready_slot + head)
         pending = (ready == 0) & (tl.load(num_full_ptr + batch * stride_num_full) > 0)
         candidates = tl.where((k * 0 + pending.to(tl.int32)) != 0, unforced, PAD)
-        row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, tl.zeros((R_P2,), tl.float32),
-                                      quota, PAD, BINS, SLOT_BITS)
-        _copy_moves(candidates, applied, dst, pages, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
-                    head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
-                    stride_dev_tok, tile, s, d, MOVES)
+        unscored = tl.zeros((R_P2,), tl.float32)
+        if WIDE:
+            row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, unscored, quota, PAD,
+                                              SLOT_BITS, BINS)
+            copy_moves_gathered(candidates, applied, dst, pages, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                                dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok,
+                                stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
+        else:
+            row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, unscored, quota, PAD)
+            _copy_moves(candidates, applied, dst, pages, r, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                        dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                        stride_dev_head, stride_dev_tok, tile, s, d)
         tl.store(ready_ptr + slot * stride_ready_slot + head, (ready != 0) | pending)
 
     if RECALL != 0:  # 1: infinigen's selected blocks; 2: scout's CPU list, when due
@@ -186,8 +183,7 @@ def _resident_row_kernel(
                 wait = tl.load(brake_row + WAIT_WORD)
                 moved = tl.load(brake_row + MOVED_WORD)
                 fresh = tl.load(brake_row + FRESH_WORD + r, mask=r < R, other=0)
-                hits = tl.sum(((fresh != 0) & (r < R) & member(row, selected, sel_valid, BINS)).to(tl.int32),
-                              axis=0)
+                hits = tl.sum(((fresh != 0) & (r < R) & member(row, selected, sel_valid, WIDE, BINS)).to(tl.int32), axis=0)
                 judged = moved > 0
                 paid = 2 * hits >= moved
                 level = tl.where(judged, tl.where(paid, 0, tl.minimum(level + 1, MAX_BACKOFF)), level)
@@ -200,21 +196,30 @@ def _resident_row_kernel(
                 runs_row = runs_ptr + slot * stride_runs_slot + head * stride_runs_head
                 word = tl.load(runs_row + selected, mask=sel_valid, other=-1)
                 run = tl.where((word >> RUN_BITS) == position - 1, tl.minimum((word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
-                # a candidate's run: the same update of its word, read before the store below (selected ones only)
-                listed_word = tl.load(runs_row + candidates, mask=candidates != PAD, other=-1)
-                listed_run = tl.where((listed_word >> RUN_BITS) == position - 1,
-                                      tl.minimum((listed_word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
+                if WIDE:  # a candidate's run: the same update of its word, read before the store (selected ones)
+                    listed_word = tl.load(runs_row + candidates, mask=candidates != PAD, other=-1)
+                    listed_run = tl.where((listed_word >> RUN_BITS) == position - 1,
+                                          tl.minimum((listed_word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
+                    lasting = member(candidates, selected, sel_valid, WIDE, BINS) & (listed_run >= MIN_SELECTED)
                 tl.store(runs_row + selected, (position << RUN_BITS) | run, mask=sel_valid)
-                lasting = member(candidates, selected, sel_valid, BINS) & (listed_run >= MIN_SELECTED)
+                if not WIDE:
+                    match = (candidates[:, None] == selected[None, :]) & sel_valid[None, :]  # [C, K]
+                    lasting = tl.sum(tl.where(match, run[None, :], 0), axis=1) >= MIN_SELECTED
                 withheld = (candidates != PAD) & ~lasting
                 tl.atomic_add(counters_ptr + WITHHELD_COL, tl.sum(withheld.to(tl.int32), axis=0))
                 candidates = tl.where(lasting, candidates, PAD)
         row_before = row
-        row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD, BINS,
-                                      SLOT_BITS)
-        _copy_moves(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                    dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
-                    stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
+        if WIDE:
+            row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD,
+                                              SLOT_BITS, BINS)
+            copy_moves_gathered(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                                dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok,
+                                stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
+        else:
+            row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
+            _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                        dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                        stride_dev_head, stride_dev_tok, tile, s, d)
         num_applied = tl.sum(applied.to(tl.int32), axis=0)
         tl.atomic_add(counters_ptr + RECALLED_COL, num_applied)
         if RECALL == 2 and BRAKE:  # remembered for the next step's judgement
@@ -223,36 +228,33 @@ def _resident_row_kernel(
             tl.store(brake_row + MOVED_WORD, num_applied)
             tl.store(brake_row + FRESH_WORD + r, (row != row_before).to(tl.int32), mask=r < R)
         if RECALL == 1:
-            left_out = (candidates != PAD) & ~member(candidates, row, row != PAD, BINS)
+            left_out = (candidates != PAD) & ~member(candidates, row, row != PAD, WIDE, BINS)
             tl.atomic_add(counters_ptr + DROPPED_COL, tl.sum(left_out.to(tl.int32), axis=0))
 
     tl.store(row_ptr, row, mask=r < R)
 
 
 @triton.jit
-def _copy_moves(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
+def _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
                 head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
-                stride_dev_tok, tile, s, d, MOVES: tl.constexpr):
-    # The applied moves, compacted, as (host page, resident page) pairs; then MOVES block copies per pass.
-    n: tl.constexpr = lanes.shape[0]
-    width: tl.constexpr = pages.shape[0]
+                stride_dev_tok, tile, s, d):
+    # The applied moves, compacted, then one block copy each (host page -> resident page).
+    order = rank_of(applied)
     num_moves = tl.sum(applied.to(tl.int32), axis=0)
-    listed = lanes < num_moves
-    src_pages = tl.load(host_row + compacted(candidates, applied, n), mask=listed, other=0)
-    dst_pages = tl.gather(pages, tl.minimum(tl.maximum(compacted(dst, applied, n), 0), width - 1), 0)
-    for first in range(0, num_moves, MOVES):
-        m = first + tl.arange(0, MOVES)
-        index = tl.minimum(m, n - 1)
-        _copy_blocks(host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, tl.gather(src_pages, index, 0),
-                     tl.gather(dst_pages, index, 0), m < num_moves, head, stride_host_page, stride_host_head,
-                     stride_host_tok, stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d)
+    blocks = place(candidates, order, applied, lanes.shape[0])
+    slots = place(dst, order, applied, lanes.shape[0])
+    for i in range(num_moves):
+        src_page = tl.load(host_row + _pick(blocks, lanes, i))
+        _copy_block(host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, src_page, _pick(pages, r, _pick(slots, lanes, i)),
+                    head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page, stride_dev_head,
+                    stride_dev_tok, tile, s, d)
 
 
 @functools.cache
 def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_dim, admit, fill, recall, interval,
             hysteresis, min_selected, brake, max_backoff, num_blocks):
-    # num_blocks: the block ids' bound (the host table's width), for the lookups' histograms
-    if num_resident >= 1 << SLOT_BITS:
+    # num_blocks: the block ids' bound (the host table's width), for the wide rows' histogram lookups
+    if num_resident > 1 << SLOT_BITS:
         raise ValueError(f"a resident row of {num_resident} columns is wider than the victim order's key takes "
                          f"({1 << SLOT_BITS})")
     return dict(R=num_resident, R_P2=p2(num_resident), TOPK_P2=p2(topk), WIDTH=width, WIDTH_P2=p2(width),
@@ -263,7 +265,8 @@ def _config(num_resident, topk, width, capacity, num_kv_heads, block_size, head_
                 MIN_SELECTED=min_selected, BRAKE=brake, MAX_BACKOFF=max_backoff, RUN_BITS=RUN_BITS,
                 RUN_LIMIT=RUN_LIMIT, LEVEL_WORD=LEVEL, WAIT_WORD=WAIT, MOVED_WORD=MOVED, FRESH_WORD=FRESH,
                 RECALLED_COL=RECALLED, DROPPED_COL=DROPPED, WITHHELD_COL=WITHHELD,
-                BACKED_OFF_COL=BACKED_OFF, BINS=bins_for(num_blocks), SLOT_BITS=SLOT_BITS, MOVES=MOVES)
+                BACKED_OFF_COL=BACKED_OFF, WIDE=wide_lists(num_resident, topk) and bins_for(num_blocks) > 0,
+                SLOT_BITS=SLOT_BITS, MOVES=MOVES, BINS=bins_for(num_blocks))
 
 
 def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, host_v, dev_k, dev_v, selected,

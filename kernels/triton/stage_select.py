@@ -15,9 +15,9 @@ Ordering key: one int64 per block, so that a descending sort is the policy:
 The row is taken CHUNK blocks at a time (a bitonic sort of each chunk, its best
 K merged with the running best K), so a long context costs registers of one
 chunk, not of the whole row. The grid is (B, Hkv) whatever the data. The
-change count looks the selection up in the previous one through a histogram of
-block ids (lists.member), linear in k: resident-first selects as many blocks
-as a request has.
+change count looks each selected block up in the previous selection: all
+pairs, or for a selection as wide as a long request (resident-first), a
+histogram of block ids (lists.member).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import CHANGED, COMPARED, SELECTED
 from scout_sglang.kernels.triton.lists import member
-from scout_sglang.kernels.triton.sizes import bins_for, cdiv, p2
+from scout_sglang.kernels.triton.sizes import bins_for, cdiv, p2, wide_lists
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -96,6 +96,7 @@ def _select_topk_kernel(
     SELECTED_COL: tl.constexpr,
     CHANGED_COL: tl.constexpr,
     COMPARED_COL: tl.constexpr,
+    WIDE: tl.constexpr,
     BINS: tl.constexpr,
 ):
     # grid: (B, Hkv).
@@ -134,7 +135,7 @@ def _select_topk_kernel(
         row = previous_ptr + slot * stride_prev_slot + head * stride_prev_head
         before = tl.load(row + rank, mask=rank < TOPK, other=PAD)
         had_any = tl.max((before != PAD).to(tl.int32), axis=0) > 0
-        kept = member(selected, before, before != PAD, BINS)
+        kept = member(selected, before, before != PAD, WIDE, BINS)
         compared = chosen & had_any
         tl.atomic_add(counters_ptr + COMPARED_COL, tl.sum(compared.to(tl.int32), axis=0))
         tl.atomic_add(counters_ptr + CHANGED_COL, tl.sum((compared & ~kept).to(tl.int32), axis=0))
@@ -192,4 +193,5 @@ def _config(topk, max_blocks, sink, local, block_size, track, count, with_pages,
     return dict(TOPK=topk, TOPK_P2=topk_p2, SINK=sink, LOCAL=local, CHUNK=chunk,
                 NUM_CHUNKS=cdiv(max(max_blocks, 1), chunk), TRACK=track, COUNT=count, WITH_PAGES=with_pages,
                 ROW_TOPK=row_topk, BLOCK_SIZE=block_size, PAD=PAD_BLOCK, SELECTED_COL=SELECTED, CHANGED_COL=CHANGED,
-                COMPARED_COL=COMPARED, BINS=bins_for(max_blocks))
+                COMPARED_COL=COMPARED, WIDE=wide_lists(topk_p2),
+                BINS=bins_for(max_blocks))

@@ -13,11 +13,10 @@ selection it writes the two lists a layer attends:
                          as page 0, so no reader leaves the store (stage_split.py)
 
 and stages the query rows of the KV head for the CPU worker. Compaction keeps
-the order, and every output row is written by one vector store. The lists as
-wide as the row (the resident row, the selection: a whole request's blocks
-under resident-first) are compacted and looked up in linear time
-(lists.compacted, lists.member); the short ones (the window, the CPU list)
-all pairs (lists.place, lists.contains).
+the order by placing entry i at its rank among the kept ones (lists.place): no
+scatter, so every output row is written by one vector store. Rows and
+selections as wide as a long request (resident-first) count through
+histograms instead of comparing all pairs (WIDE: lists.member, lists.compact).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ import functools
 import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import BAD_PAGES, CPU, DROPPED, ZERO_COPY
-from scout_sglang.kernels.triton.lists import compacted, contains, member, place, rank_of
-from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2
+from scout_sglang.kernels.triton.lists import compact, contains, member, place, rank_of
+from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, wide_lists
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -49,7 +48,8 @@ def _split_lists_kernel(
     HAS_RESIDENT: tl.constexpr, ONLY_SELECTED_RESIDENT: tl.constexpr, CPU_LISTS: tl.constexpr, SPLIT: tl.constexpr,
     GROUP_SIZE: tl.constexpr, GROUP_P2: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
     PAD: tl.constexpr, CPU_COL: tl.constexpr, DROPPED_COL: tl.constexpr, ZERO_COPY_COL: tl.constexpr,
-    CHECK_PAGES: tl.constexpr, BAD_PAGES_COL: tl.constexpr, COUNTS: tl.constexpr, BINS: tl.constexpr,
+    CHECK_PAGES: tl.constexpr, BAD_PAGES_COL: tl.constexpr, COUNTS: tl.constexpr, WIDE: tl.constexpr,
+    BINS: tl.constexpr,
 ):  # fmt: skip
     # grid: (B, Hkv).
     batch = tl.program_id(0).to(tl.int64)
@@ -71,11 +71,11 @@ def _split_lists_kernel(
         occupied = resident != PAD
         held = occupied
         if ONLY_SELECTED_RESIDENT:  # infinigen attends the resident blocks it selected
-            held = occupied & contains(resident, selected, sel_valid)
+            held = occupied & member(resident, selected, sel_valid, WIDE, BINS)
         resident_pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < RESIDENT,
                                  other=PAD)
         num_resident = tl.sum(held.to(tl.int32), axis=0)
-        device = compacted(resident_pages, held, DEVICE_P2)
+        device = compact(resident_pages, held, DEVICE_P2, WIDE)
         device += place(window, num_resident + rank_of(in_window), in_window, DEVICE_P2)
     else:
         num_resident = 0
@@ -89,13 +89,13 @@ def _split_lists_kernel(
         forced = tl.load(forced_ptr + batch * stride_forced_batch + columns, mask=columns < WIDTH, other=PAD)
         on_device = contains(selected, forced, forced != PAD)
         if HAS_RESIDENT:
-            on_device = on_device | member(selected, resident, occupied, BINS)
+            on_device = on_device | member(selected, resident, occupied, WIDE, BINS)
         keep = sel_valid & ~on_device
         wanted = tl.sum(keep.to(tl.int32), axis=0)
         num_listed = tl.minimum(wanted, CAPACITY)
         c = tl.arange(0, CAPACITY_P2)
         listed = c < num_listed
-        blocks = tl.where(listed, compacted(selected, keep, CAPACITY_P2), PAD)
+        blocks = tl.where(listed, compact(selected, keep, CAPACITY_P2, WIDE), PAD)
         pages = tl.load(host_table_ptr + batch * stride_host_batch + blocks, mask=listed, other=PAD)
         if CHECK_PAGES:  # a corrupt or stale page table: no reader may leave the store
             bad = listed & ((pages < 0) | (pages >= num_host_pages))
@@ -141,7 +141,8 @@ def _config(topk, width, num_resident, capacity, only_selected_resident, cpu_lis
                 HAS_RESIDENT=num_resident > 0, ONLY_SELECTED_RESIDENT=only_selected_resident, CPU_LISTS=cpu_lists, SPLIT=split,
                 GROUP_SIZE=group_size, GROUP_P2=p2(group_size), HEAD_DIM=head_dim, DIM_P2=p2(head_dim), PAD=PAD_BLOCK,
                 CPU_COL=CPU, DROPPED_COL=DROPPED, ZERO_COPY_COL=ZERO_COPY, CHECK_PAGES=check_pages,
-                BAD_PAGES_COL=BAD_PAGES, COUNTS=counts, BINS=bins_for(num_blocks) if num_blocks else 0)
+                BAD_PAGES_COL=BAD_PAGES, COUNTS=counts, WIDE=wide_lists(topk, num_resident + width),
+                BINS=bins_for(num_blocks) if num_blocks else 0)
 
 
 def split_lists_triton(selected, counts, *, forced_blocks, window_pages, resident_pages, host_table, resident, slots,

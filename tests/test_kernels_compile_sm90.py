@@ -13,42 +13,10 @@ import sys
 import pytest
 from support import requires_triton
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks"))
+from hopper_compile import compile_for_hopper  # noqa: E402
+
 pytestmark = [requires_triton, pytest.mark.slow]
-
-INDEX_POINTERS = ("page_ids_ptr", "rows_ptr", "pages_ptr", "offsets_ptr", "digest_rows_ptr", "host_rows_ptr",
-                  "table_ptr", "num_full_ptr", "selected_ptr", "counts_ptr", "resident_ptr", "slots_ptr",
-                  "status_ptr", "block_table_ptr", "last_block_len_ptr", "gate_ptr", "forced_ptr",
-                  "window_pages_ptr", "resident_pages_ptr", "host_table_ptr", "dev_pages_ptr", "dev_counts_ptr",
-                  "cpu_blocks_ptr", "cpu_pages_ptr", "cpu_counts_ptr", "cap_ptr", "zc_pages_ptr", "zc_counts_ptr",
-                  "listed_ptr", "counters_ptr", "previous_ptr", "num_tokens_ptr", "page_counts_ptr", "row_topk_ptr",
-                  "quota_ptr", "leaving_block_ptr", "leaving_page_ptr", "due_ptr", "runs_ptr", "brake_ptr",
-                  "positions_ptr")
-FP32_POINTERS = ("part_ptr", "lse_ptr", "cpu_o_ptr", "cpu_lse_ptr", "fb_o_ptr", "fb_lse_ptr", "out_lse_ptr",
-                 "zc_o_ptr", "zc_lse_ptr", "part_o_ptr", "part_lse_ptr", "scores_ptr")
-INT8_POINTERS = ("ready_ptr",)  # the resident rows' fill flags
-FP32_SCALARS = ("scale", "scale_log2", "log_block_size", "recall_beta")
-
-
-def compile_for_hopper(kernel, constexprs: dict) -> str:
-    """The PTX of a @triton.jit kernel compiled for sm_90: bf16 tensors, int32 index tensors, int64 strides."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    def arg_type(name):
-        if name in constexprs:
-            return "constexpr"
-        if name == "clock_ns_ptr":
-            return "*i64"
-        if name.endswith("_ptr"):
-            return "*i32" if name in INDEX_POINTERS else "*fp32" if name in FP32_POINTERS else \
-                "*i8" if name in INT8_POINTERS else "*bf16"
-        return "fp32" if name in FP32_SCALARS else "i64"
-
-    signature = {name: arg_type(name) for name in kernel.arg_names}
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-
 
 def compile_all() -> dict:
     """Each kernel and configuration -> its PTX (run in the child)."""
@@ -85,7 +53,8 @@ def compile_resident_first() -> dict:
         ptx[f"select/{row_topk}"] = compile_for_hopper(
             _select_topk_kernel, select_config(64, 4096, 1, 2, 16, True, True, False, row_topk))
     for phase, recall in (("fill", None), ("recall", "cpu")):  # rows of 61 blocks (compile time grows as R squared)
-        config = recall_config(61, 64, 3, 64, 8, 16, 128, False, phase == "fill", recall, False, True, 2, True, 4)
+        config = recall_config(61, 64, 3, 64, 8, 16, 128, False, phase == "fill", recall, False, True, 2, True, 4,
+                               4096)
         ptx[f"resident/{phase}"] = compile_for_hopper(_resident_row_kernel, config)
     return ptx
 
@@ -98,7 +67,7 @@ def compile_cpu_split() -> dict:
     from scout_sglang.kernels.triton.handoff import _merge_cpu_part_kernel
     from scout_sglang.kernels.triton.stage_split import _config as split_config, _split_lists_kernel
 
-    checked_split = split_config(64, 3, 64, 64, False, True, True, True, 4, 128, True)  # the cap, the page check
+    checked_split = split_config(64, 3, 64, 64, False, True, True, True, 4, 128, True, 4096)  # the cap, the page check
     ptx = {"split/cap": compile_for_hopper(_split_lists_kernel, checked_split)}
     decode = dict(GROUP_SIZE=4, HEAD_DIM=128, BLOCK_SIZE=16, HAS_LAST_BLOCK_LEN=False, BLOCK_G=16, BLOCK_T=32,
                   BLOCK_D=128, DOT_PRECISION=None, DOT_IN_FP32=False, SPLIT_P=True, GATED=False)
@@ -160,3 +129,30 @@ def test_the_cpu_splits_kernels_compile(ptx):
 
 if __name__ == "__main__":
     print(json.dumps(compile_all()))
+
+
+@pytest.fixture(scope="module")
+def widest_rows():
+    """Resident-first's stages compiled at the widest row the engine gives them (WIDEST_ROW), two at a time, each
+    in its own process with a cold cache (benchmarks/kernel_widths.py)."""
+    import concurrent.futures
+
+    import kernel_widths
+    from scout_sglang.kernels.triton.stage_recall import WIDEST_ROW
+
+    stages = ("fill", "recall", "select", "split")  # the longest compiles first
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        rows = list(pool.map(lambda stage: kernel_widths.measured(stage, WIDEST_ROW, timeout=600), stages))
+    if any("ptxas" in row.get("reason", "").lower() for row in rows):
+        pytest.skip(f"no CUDA compiler tools: {rows}")
+    return rows
+
+
+def test_resident_firsts_stages_compile_at_the_widest_row_within_a_programs_shared_memory(widest_rows):
+    """A row of WIDEST_ROW columns: an all-pairs comparison of the row would be refused (16M elements), so this
+    fails if one comes back; the histograms and sorts fit the shared memory an sm_90 program may use."""
+    from kernel_widths import SHARED_LIMIT_KIB
+
+    for row in widest_rows:
+        assert row["status"] == "compiled", row
+        assert row["shared_kib"] <= SHARED_LIMIT_KIB, row

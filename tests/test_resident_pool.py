@@ -242,20 +242,27 @@ def test_prefill_writes_a_fitting_request_to_the_pool_and_its_first_step_reads_n
         engine.close()
 
 
-def test_where_the_resident_stage_is_triton_a_row_holds_at_most_what_it_compiles_for():
-    """Triton's resident stage ranks victims with an [R, R] comparison (kernels/triton/stage_recall.py): there a
-    resident-first row is at most WIDEST_ROW blocks with the forced ones, and a longer request stays sparse however
-    large the pool; the torch stage takes the whole row."""
-    from scout_sglang.kernels.triton.stage_recall import WIDEST_ROW
+@pytest.mark.parametrize("table_fits_a_histogram", [True, False])
+def test_where_the_stages_are_triton_a_row_holds_at_most_what_they_compile_for(table_fits_a_histogram, monkeypatch):
+    """Triton's stages compile for rows of WIDEST_ROW columns (kernels/triton/stage_recall.py; past 256 they look
+    blocks up through a histogram of block ids); where a table's ids do not fit one, rows of ALL_PAIRS_ROW. There
+    a resident-first row is at most that many blocks with the forced ones, and a longer request stays sparse
+    however large the pool; the torch stage takes the whole row."""
+    from scout_sglang.kernels.triton import sizes
+    from scout_sglang.kernels.triton.stage_recall import ALL_PAIRS_ROW, WIDEST_ROW
 
+    if not table_fits_a_histogram:
+        monkeypatch.setattr(sizes, "MAX_BINS", 1024)
+    tokens = 8 * 2 * WIDEST_ROW  # a table of twice the widest row's blocks (8193 ids: 16384 bins)
     config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
-                         resident_first=True, resident_pool_blocks=4000)
+                         resident_first=True, resident_pool_blocks=9000)
     rows = {}
     for impl in ("torch", "triton"):
         engine = CoAttentionEngine(config.replace(kernel_impl=impl), SHAPE, dtype=torch.float32, max_requests=4,
-                                   max_tokens_per_request=8192, cpu_worker=False)
+                                   max_tokens_per_request=tokens, cpu_worker=False)
         rows[impl] = engine.offloaded.resident_width
         assert engine.select_width == rows[impl] + 3 and engine.resident_pool_state()["row_blocks"] == rows[impl]
-        assert engine.pool.plan({0: 400}) == {0: min(400, rows[impl])}  # exact only on the torch stage
+        assert engine.pool.plan({0: 6000}) == {0: min(6000, rows[impl])}  # exact only on the torch stage
         engine.close()
-    assert rows == {"torch": 8192 // 8 + 1 - 3, "triton": WIDEST_ROW - 3}
+    widest = WIDEST_ROW if table_fits_a_histogram else ALL_PAIRS_ROW
+    assert rows == {"torch": tokens // 8 + 1 - 3, "triton": widest - 3}

@@ -249,8 +249,9 @@ class CoAttentionEngine:
 
     def _resident_row_limit(self) -> int | None:
         """Resident-first where the resident stage runs Triton: rows of at most WIDEST_ROW blocks with the forced
-        ones (kernels/triton/stage_recall.py), so a request with more blocks outside its window than that is served
-        sparse, with that many resident; None elsewhere (the torch stage takes any row)."""
+        ones, ALL_PAIRS_ROW where the table's block ids are too many for the wide rows' histogram lookups
+        (kernels/triton/stage_recall.py, sizes.bins_for), so a request with more blocks outside its window than
+        that is served sparse, with that many resident; None elsewhere (the torch stage takes any row)."""
         config = self.config
         if not config.resident_first:
             return None
@@ -259,13 +260,15 @@ class CoAttentionEngine:
         impl = None if config.kernel_impl == "flashinfer" else config.kernel_impl
         if select_impl("bring_in", self.device.type, impl) != "triton":
             return None
-        from scout_sglang.kernels.triton.stage_recall import WIDEST_ROW
+        from scout_sglang.kernels.triton.sizes import bins_for
+        from scout_sglang.kernels.triton.stage_recall import ALL_PAIRS_ROW, WIDEST_ROW
 
-        limit = WIDEST_ROW - config.sink_blocks - config.local_blocks
+        widest = WIDEST_ROW if bins_for(self.max_blocks) else ALL_PAIRS_ROW
+        limit = widest - config.sink_blocks - config.local_blocks
         if self.max_blocks - config.sink_blocks - config.local_blocks > limit:
             logger.warning("scout: resident-first on the Triton path keeps at most %d blocks of a request resident "
-                           "(the widest row its resident stage compiles for); a request with more blocks outside its "
-                           "window (%d tokens at blocks of %d) is served sparse", limit,
+                           "(the widest row its stages take for a table of %d blocks); a request with more blocks "
+                           "outside its window (%d tokens at blocks of %d) is served sparse", limit, self.max_blocks,
                            (limit + config.sink_blocks + config.local_blocks) * self.block_size, self.block_size)
         return limit
 

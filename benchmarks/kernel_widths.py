@@ -16,7 +16,7 @@ compile:
   estimate   the estimate's merge: `width` selected and resident columns
 
 Each compile runs in its own process under --timeout; a stage that timed out or was refused is not tried at a
-wider width. Results: benchmarks/results/kernel_widths.{json,md}; the last stdout line is the JSON. No asserts.
+wider width. Results: benchmarks/results/kernel_widths.{json,md}; the last stdout line is the JSON object. No asserts.
 
     python -P benchmarks/kernel_widths.py [--widths 128,256,512,1024,4096] [--timeout 240] [--quick]
 """
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "kernel_widths.json").write_text(json.dumps({"timeout_s": args.timeout, "rows": rows}, indent=1))
         (out / "kernel_widths.md").write_text(markdown(rows, widths, args.timeout))
-    print(json.dumps(rows))
+    print(json.dumps({"timeout_s": args.timeout, "rows": rows}))
     return 0
 
 

@@ -87,6 +87,28 @@ def _bring_in(row, slots_r, in_slot, candidates, selected, sel_valid, vscore, qu
 
 
 @triton.jit
+def _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, vscore, quota, pages, lanes, host_row,
+                       host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, head, stride_host_page, stride_host_head,
+                       stride_host_tok, stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d,
+                       PAD: tl.constexpr, WIDE: tl.constexpr, SLOT_BITS: tl.constexpr, BINS: tl.constexpr,
+                       MOVES: tl.constexpr):
+    """-> (new row, applied [C]): the candidates brought into the row and their blocks copied, all pairs or, for a
+    WIDE row, by wide_rows.py."""
+    if WIDE:
+        new_row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD,
+                                              SLOT_BITS, BINS)
+        copy_moves_gathered(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                            dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                            stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
+    else:
+        new_row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
+        _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                    dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                    stride_dev_head, stride_dev_tok, tile, s, d)
+    return new_row, applied
+
+
+@triton.jit
 def _resident_row_kernel(
     resident_ptr, slots_ptr, resident_pages_ptr, host_table_ptr, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr,
     selected_ptr, counts_ptr, num_full_ptr, forced_ptr, quota_ptr, leaving_block_ptr, leaving_page_ptr, ready_ptr,
@@ -146,17 +168,10 @@ def _resident_row_kernel(
         pending = (ready == 0) & (tl.load(num_full_ptr + batch * stride_num_full) > 0)
         candidates = tl.where((k * 0 + pending.to(tl.int32)) != 0, unforced, PAD)
         unscored = tl.zeros((R_P2,), tl.float32)
-        if WIDE:
-            row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, unscored, quota, PAD,
-                                              SLOT_BITS, BINS)
-            copy_moves_gathered(candidates, applied, dst, pages, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                                dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok,
-                                stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
-        else:
-            row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, unscored, quota, PAD)
-            _copy_moves(candidates, applied, dst, pages, r, k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                        dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
-                        stride_dev_head, stride_dev_tok, tile, s, d)
+        row, applied = _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, unscored, quota, pages,
+                                          k, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, head,
+                                          stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                                          stride_dev_head, stride_dev_tok, tile, s, d, PAD, WIDE, SLOT_BITS, BINS, MOVES)
         tl.store(ready_ptr + slot * stride_ready_slot + head, (ready != 0) | pending)
 
     if RECALL != 0:  # 1: infinigen's selected blocks; 2: scout's CPU list, when due
@@ -209,17 +224,10 @@ def _resident_row_kernel(
                 tl.atomic_add(counters_ptr + WITHHELD_COL, tl.sum(withheld.to(tl.int32), axis=0))
                 candidates = tl.where(lasting, candidates, PAD)
         row_before = row
-        if WIDE:
-            row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD,
-                                              SLOT_BITS, BINS)
-            copy_moves_gathered(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                                dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok,
-                                stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
-        else:
-            row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
-            _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                        dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
-                        stride_dev_head, stride_dev_tok, tile, s, d)
+        row, applied = _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, vscore, quota, pages,
+                                          lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, head,
+                                          stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                                          stride_dev_head, stride_dev_tok, tile, s, d, PAD, WIDE, SLOT_BITS, BINS, MOVES)
         num_applied = tl.sum(applied.to(tl.int32), axis=0)
         tl.atomic_add(counters_ptr + RECALLED_COL, num_applied)
         if RECALL == 2 and BRAKE:  # remembered for the next step's judgement

@@ -10,7 +10,12 @@ the time budget leaves no room for say so:
                 benchmarks/model_stack/): full attention at the largest batch the device K/V budget holds, scout at
                 the largest batch that budget and the host's free memory hold (the planner's capacity code decides
                 both), graph-replayed, on the heavy-hitter workload; then a projection (labelled) for an 80 GB H100
-                and a 1 TiB host from the measured figures
+                and a 1 TiB host from the measured figures; then scout at its batch with the CPU split
+  resident      resident-first scout against full attention at 32k and 64k, batches 1, 8, 32, 64 where full
+                attention fits, on the equal-batch stack, the pool sized as a server sizes it on this device: scout's
+                tokens/s over full's (target at least 0.95), the share of requests attended exactly, the step's
+                costliest kernels; then resident-first scout at the headline's equal-memory shape (target at least
+                3x); written after every row (model_stack/low_load.py)
   equal_batch   full and scout at 32k and 64k, batches 8, 32, 64 where they fit, on a stack of --equal-batch-layers
                 layers of the same shape: step ms, the GPU's busy share with and without the wait kernel, the wait
                 kernel's ms, the CPU ratio and the CPU part's in-engine GB/s; the other modes at one shape; the flat
@@ -288,6 +293,13 @@ def part_headline(setup, args, deadline) -> dict:
     return headline(setup, args, deadline)
 
 
+def part_resident(setup, args, deadline) -> dict:
+    """Resident-first scout against full attention at the batches full attention fits (model_stack/low_load.py)."""
+    from model_stack.low_load import part_resident as resident
+
+    return resident(setup, args, deadline)
+
+
 def part_equal_batch(setup, args, deadline) -> dict:
     """Full and scout at equal batch on the stack, the other modes at one shape, and the in-engine CPU part against
     the standalone kernel."""
@@ -347,11 +359,11 @@ def part_recall(setup, args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])["recall"]
 
 
-PARTS = dict(headline=part_headline, equal_batch=part_equal_batch, zero_copy=part_zero_copy,
+PARTS = dict(headline=part_headline, resident=part_resident, equal_batch=part_equal_batch, zero_copy=part_zero_copy,
              estimate_cost=part_estimate_cost, host=part_host, capture=part_capture, recall=part_recall,
              tests=part_tests, kernels=part_kernels)
 # The least time each part needs to be worth starting (seconds of the call left).
-MIN_SECONDS = dict(headline=60, equal_batch=60, zero_copy=40, estimate_cost=30, host=30, capture=30, recall=120, tests=60, kernels=40)
+MIN_SECONDS = dict(headline=60, resident=60, equal_batch=60, zero_copy=40, estimate_cost=30, host=30, capture=30, recall=120, tests=60, kernels=40)
 
 
 def write_report(result: dict) -> Path:
@@ -370,22 +382,34 @@ def write_report(result: dict) -> Path:
              "`benchmarks/model_stack/workload.py`): a step's cost is measured, not what a model answers.", ""]
     headline = parts.get("headline")
     if isinstance(headline, dict) and "full" in headline:
-        lines += headline_text(headline)
+        lines += headline_text(headline, parts.get("resident"))
         if not headline.get("error"):
             write_plot(path.with_suffix(".png"), headline, parts.get("equal_batch"))
             lines += [f"![tokens/s against batch]({path.with_suffix('.png').name})", ""]
+    if isinstance(parts.get("resident"), dict) and "rows" in parts["resident"]:
+        from model_stack.low_load import resident_text
+
+        lines += resident_text(parts["resident"])
     for part, value in parts.items():
         lines += [f"## {part}", "", "```", json.dumps(value, indent=1)[:8000], "```", ""]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return path
 
 
-def headline_text(headline: dict) -> list[str]:
-    rows = []
-    for mode in ("full", "scout", "scout_split"):
-        entry = headline.get(mode, {})
+def headline_text(headline: dict, resident: dict | None = None) -> list[str]:
+    """The report's headline: full against scout at equal device memory, scout resident-first (the resident part's
+    last row) and with the CPU split."""
+    rows, resident = [], (resident or {}).get("equal_memory") or {}
+    full = headline.get("full", {})
+    ratio = round(resident["tokens_per_s"] / full["tokens_per_s"], 2) if "tokens_per_s" in resident and \
+        "tokens_per_s" in full else "not measured"
+    for mode in ("full", "scout", "scout_resident", "scout_split"):
+        entry = resident if mode == "scout_resident" else headline.get(mode, {})
         if mode == "scout_split" and entry:
             mode = f"scout, CPU split auto (zero-copy share {(entry.get('split') or {}).get('zero_copy_share', '-')})"
+        if mode == "scout_resident" and entry:
+            mode = (f"scout, resident-first (pool {(entry.get('pool') or {}).get('pages', '-')} pages, exact share "
+                    f"{(entry.get('resident') or {}).get('exact_share', '-')})")
         rows.append(f"| {mode} | {entry.get('batch', '-')} | {entry.get('limit', '-')} | {entry.get('step_ms', '-')} "
                     f"| {entry.get('tokens_per_s', '-')} | {entry.get('cpu_ratio', '-')} "
                     f"| {(entry.get('gpu_busy') or {}).get('wait_kernel_ms', '-')} "
@@ -394,7 +418,8 @@ def headline_text(headline: dict) -> list[str]:
             f"{headline['model']}, {headline['layers']} layers (layer 0 dense), {headline['context']} tokens per "
             f"request; device K/V budget {headline['device_kv_budget_gib']} GiB for both, host K/V budget "
             f"{headline['host_kv_budget_gib']} GiB for scout; graph-replayed steps. **scout / full: "
-            f"{headline.get('scout_over_full', 'not measured')}** (target: at least 3); with the CPU split: "
+            f"{headline.get('scout_over_full', 'not measured')}** (target: at least 3); resident-first: "
+            f"**{ratio}**; with the CPU split: "
             f"**{headline.get('scout_split_over_full', 'not measured')}**.", "",
             "| mode | batch | what limits it | step ms | tokens/s | CPU ratio | wait kernel ms | note |",
             "|---|---:|---|---:|---:|---:|---:|---|", *rows, ""]
@@ -430,11 +455,12 @@ def main(argv=None) -> int:
             result["parts"][name] = dict(skipped=f"{left:.0f} s of the call's budget left, the part needs "
                                                  f"{MIN_SECONDS[name]}")
             continue
+        args.checkpoint = None if setup.dry else checkpoint_of(result, name)
         args.tests_timeout = int(min(args.tests_timeout, max(30, left - 10)))
         args.recall_timeout = int(min(args.recall_timeout, max(60, left - 10)))
         try:
             part = PARTS[name]
-            result["parts"][name] = part(setup, args, deadline - 20) if name in ("headline", "equal_batch") else \
+            result["parts"][name] = part(setup, args, deadline - 20) if name in ("headline", "resident", "equal_batch") else \
                 part(setup, args)
         except Exception as error:  # noqa: BLE001 - a part that fails is reported, the others go on
             result["parts"][name] = dict(error=f"{type(error).__name__}: {error}", trace=traceback.format_exc()[-2000:])
@@ -447,6 +473,14 @@ def main(argv=None) -> int:
                           parts={k: first_error(v) is None for k, v in result["parts"].items()},
                           errors={k: first_error(v) for k, v in result["parts"].items() if first_error(v)})))
     return 0
+
+
+def checkpoint_of(result: dict, name: str):
+    """A part's hook for its results so far: they go into the report at once, so a call cut short keeps them."""
+    def checkpoint(partial: dict) -> None:
+        result["parts"][name] = dict(partial, unfinished=True)
+        write_report(result)
+    return checkpoint
 
 
 def first_error(value) -> str | None:

@@ -42,7 +42,7 @@ def test_the_gpu_bench_runs_every_part_in_its_dry_run(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads(done.stdout.strip().splitlines()[-1])["parts"]
-    assert set(parts) == {"headline", "equal_batch", "zero_copy", "estimate_cost", "host", "capture", "recall", "tests",
+    assert set(parts) == {"headline", "resident", "equal_batch", "zero_copy", "estimate_cost", "host", "capture", "recall", "tests",
                           "kernels"} and \
         all(parts.values()), parts
 

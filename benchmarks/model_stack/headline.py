@@ -14,6 +14,10 @@ from pathlib import Path
 
 OUTPUT_TOKENS = 1024  # what the planner's requests hold beyond their prompt
 BUDGET_REQUESTS = 2  # the default device budget: full attention at this many requests of the context
+# Of the host's free memory, what scout's store may take: the process holds more beside it (CUDA's runtime, torch,
+# the workers, prefill's transfers). At 0.9 an H200 box (125 GiB, 124 free) was OOM-killed: a 106.7 GiB store for
+# 12 requests of 64k, the process at 121.5 GiB resident.
+HOST_SHARE = 0.8
 
 
 def model_spec():
@@ -32,12 +36,13 @@ def host_free_bytes() -> int:
 
 def headline_budgets(*, context: int, host_free_bytes: int, device_budget_bytes: int | None = None) -> dict:
     """The equal-memory comparison's budgets: the device's K/V bytes (default: full attention's for
-    BUDGET_REQUESTS requests) and the host's (90% of its free memory)."""
+    BUDGET_REQUESTS requests) and the host's (HOST_SHARE of its free memory)."""
     from scout_sglang.plan.capacity import stock_device_bytes
 
     request = context + OUTPUT_TOKENS
     device = device_budget_bytes or stock_device_bytes(model_spec(), itemsize=2, tokens=BUDGET_REQUESTS * request)
-    return dict(request_tokens=request, device_budget_bytes=int(device), host_budget_bytes=int(0.9 * host_free_bytes))
+    return dict(request_tokens=request, device_budget_bytes=int(device),
+                host_budget_bytes=int(HOST_SHARE * host_free_bytes))
 
 
 def planned_batch(mode: str, budgets: dict, *, context: int, block_size: int = 32, token_budget: int = 2048):

@@ -6,7 +6,9 @@ Each returns a dict for the report and stops starting new measurements when the 
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -15,6 +17,7 @@ from .qwen3 import TINY, Qwen3Shape
 from .run import SPLIT_WARMUP_STEPS, StackRun
 
 GIB = 2**30
+TOP_KERNELS = 6  # the kernels of a replayed step a row names, by device time
 
 
 def stack_shape(setup, layers: int | None = None) -> Qwen3Shape:
@@ -28,9 +31,10 @@ def stack_shape(setup, layers: int | None = None) -> Qwen3Shape:
 
 
 def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=None, kernel_impl=None,
-               cpu_split="off") -> dict:
+               cpu_split="off", **config_fields) -> dict:
     """Build, prefill, capture and time one configuration -> its row (or its error). cpu_split: the engine's
-    SCOUT_CPU_SPLIT (scout: the device reads a share of each CPU list from the host store itself)."""
+    SCOUT_CPU_SPLIT (scout: the device reads a share of each CPU list from the host store itself); config_fields:
+    other ScoutConfig fields (resident_first, resident_pool_blocks)."""
     steps = steps or setup.steps
     started = time.perf_counter()
     run = None
@@ -38,18 +42,38 @@ def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=No
         warmup = SPLIT_WARMUP_STEPS if cpu_split == "auto" else 0  # measure() settles an auto split's caps first
         run = StackRun(shape, mode=mode, batch=batch, context=context, steps=steps + 3 + warmup, workload=workload,
                        block_size=setup.block, token_budget=setup.budget, device=setup.device,
-                       kernel_impl=kernel_impl or ("triton" if setup.dry else None), cpu_split=cpu_split)
+                       kernel_impl=kernel_impl or ("triton" if setup.dry else None), cpu_split=cpu_split,
+                       **config_fields)
         run.capture()
         row = run.measure(steps)
         row["gpu_busy"] = busy_without_wait(run) if run.graph is not None else None
         row["seconds"] = round(time.perf_counter() - started, 1)
+        row["host_peak_rss_gib"] = host_peak_rss_gib()
+        fields = dict(config_fields, **({} if cpu_split == "off" else {"cpu_split": cpu_split}))
+        log(f"{mode} x{batch} at {context}{' ' + str(fields) if fields else ''}: {row['step_ms']} ms a step, "
+            f"{row['seconds']} s in all")
         return row
     except Exception as error:  # noqa: BLE001 - reported in the row, the part goes on
-        return dict(mode=mode, batch=batch, context=context, cpu_split=cpu_split,
+        log(f"{mode} x{batch} at {context}: {type(error).__name__}: {error}"[:300])
+        return dict(mode=mode, batch=batch, context=context, cpu_split=cpu_split, **config_fields,
                     error=f"{type(error).__name__}: {error}"[:400])
     finally:
         if run is not None:
             run.close()
+
+
+def log(message: str) -> None:
+    """Progress on stderr, a line a measured configuration (a lent machine's call shows how far it got)."""
+    print(f"[bench_gpu] {message}", file=sys.stderr, flush=True)
+
+
+def host_peak_rss_gib() -> float | None:
+    """The process's peak resident host memory so far (VmHWM), GiB: what the host budget must leave room for."""
+    try:
+        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) * 1024 / GIB, 2)
 
 
 def busy_without_wait(run) -> dict | None:
@@ -69,29 +93,59 @@ def busy_without_wait(run) -> dict | None:
     kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     total = sum(e.self_device_time_total for e in kernels) / 1e6
     wait = sum(e.self_device_time_total for e in kernels if "wait" in e.key.lower()) / 1e6
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:TOP_KERNELS]
     return dict(busy=round(total / wall, 3), busy_without_wait=round((total - wait) / wall, 3),
-                wait_kernel_ms=round(1e3 * wait, 3)) if wall else None
+                wait_kernel_ms=round(1e3 * wait, 3),
+                top_kernels_ms={e.key[:60]: round(e.self_device_time_total / 1e3, 3) for e in top}) if wall else None
 
 
-def part_headline(setup, args, deadline: float) -> dict:
-    """Tokens/s at equal device memory at the longest context: full at the largest batch the device budget holds,
-    scout at the largest the same budget and the host hold, both measured on the whole stack."""
+HEADLINE_ENTRIES = ("full", "scout", "scout_split")  # measured in this order until the call's time runs out
+
+
+def planned_pool(capacity, budgets: dict) -> dict:
+    """Resident-first's pool at scout's batch within the device budget, as a server sizes it (the planner's
+    capacity.resident_pool): the budget less scout's other device stores, in pages of one block of every offloaded
+    layer."""
+    from scout_sglang.config import ScoutConfig
+    from scout_sglang.plan.capacity import resident_pool
+
+    config = ScoutConfig(mode="scout", block_size=32, token_budget=2048)
+    sizing = resident_pool(config, model_spec(), itemsize=2, capacity=capacity,
+                           device_budget=budgets["device_budget_bytes"])
+    if sizing is None:
+        raise RuntimeError("scout holds no request in the device budget, so there is no resident pool to size")
+    return {key: sizing[key] for key in ("pages", "limit", "request_pages", "exact_requests")}
+
+
+def equal_memory(setup, args) -> dict:
+    """The equal-memory comparison's shape: context, budgets, each mode's (batch, limit) by the planner, and the
+    resident-first pool at scout's batch (the dry run: tiny fixed figures, every request exact in the pool)."""
     context = setup.contexts[-1]
     if setup.dry:
         budgets = dict(request_tokens=context + 16, device_budget_bytes=2 * (context + 16) * 2 * TINY.num_layers *
                        TINY.num_kv_heads * TINY.head_dim * 4, host_budget_bytes=2**26)
-        batches = {"full": (2, "dry run"), "scout": (3, "dry run")}
-    else:
-        budgets = headline_budgets(context=context, host_free_bytes=host_free_bytes(),
-                                   device_budget_bytes=int(args.kv_budget_gib * GIB) if args.kv_budget_gib else None)
-        batches = {mode: (capacity.max_batch, capacity.limit) for mode in ("full", "scout")
-                   for capacity in [planned_batch(mode, budgets, context=context)]}
+        return dict(context=context, budgets=budgets, batches={"full": (2, "dry run"), "scout": (3, "dry run")},
+                    pool=dict(pages=3 * (context // setup.block + 4), limit="dry run"))
+    budgets = headline_budgets(context=context, host_free_bytes=host_free_bytes(),
+                               device_budget_bytes=int(args.kv_budget_gib * GIB) if args.kv_budget_gib else None)
+    capacities = {mode: planned_batch(mode, budgets, context=context) for mode in ("full", "scout")}
+    return dict(context=context, budgets=budgets, pool=planned_pool(capacities["scout"], budgets),
+                batches={mode: (capacity.max_batch, capacity.limit) for mode, capacity in capacities.items()})
+
+
+def part_headline(setup, args, deadline: float) -> dict:
+    """Tokens/s at equal device memory at the longest context: full at the largest batch the device budget holds,
+    scout at the largest the same budget and the host hold, both measured on the whole stack; then scout at that
+    batch with the CPU split (resident-first at that batch is the resident part's last row: its first step
+    compiles for minutes)."""
+    plan = equal_memory(setup, args)
+    context, budgets, batches = plan["context"], plan["budgets"], plan["batches"]
     out = dict(context=context, model="Qwen3-8B" if not setup.dry else "tiny", layers=stack_shape(setup).num_layers,
                device_kv_budget_gib=round(budgets["device_budget_bytes"] / GIB, 2),
                host_kv_budget_gib=round(budgets["host_budget_bytes"] / GIB, 1),
                weights="random (bf16)", selection="synthetic: the heavy-hitter workload")
     batches["scout_split"] = batches["scout"]  # the same batch, with the CPU split on (SCOUT_CPU_SPLIT=auto)
-    for entry in ("full", "scout", "scout_split"):
+    for entry in HEADLINE_ENTRIES:
         batch, limit = batches[entry]
         if batch < 1:
             out[entry] = dict(batch=0, limit=limit, skipped="not even one request fits")
@@ -106,21 +160,22 @@ def part_headline(setup, args, deadline: float) -> dict:
     for entry, key in (("scout", "scout_over_full"), ("scout_split", "scout_split_over_full")):
         if "tokens_per_s" in full and "tokens_per_s" in out.get(entry, {}):
             out[key] = round(out[entry]["tokens_per_s"] / full["tokens_per_s"], 2)
-    if not setup.dry:
-        out["projection"] = projections(setup, scout, budgets, context)
+    # the dry run projects a 128 GiB host at its tiny context: the same code, so a slip in it shows here
+    host_gib = 128 if setup.dry else budgets["host_budget_bytes"] / 0.9 / GIB
+    out["projection"] = projections(setup, out.get("scout", {}), host_gib, context)
     return out
 
 
-def projections(setup, scout: dict, budgets: dict, context: int) -> dict:
+def projections(setup, scout: dict, host_gib: float, context: int) -> dict:
     """The planner's step model (a projection), fed the measured CPU part's in-engine rate and change rate: for
     this box (to set against the measurement) and for a whole 80 GB H100 with a 1 TiB host."""
     measured_gbs = (scout.get("cpu_part") or {}).get("in_engine_gbs")
     change = scout.get("change_rate")
-    gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100"
+    gpu = "H200" if setup.device.type == "cuda" and "H200" in torch.cuda.get_device_name() else "H100"
     out = dict(label="projection: the planner's step model (scout_sglang.plan) with the measured in-engine CPU GB/s "
                      f"({measured_gbs}) and change rate ({change}), not a measurement")
     try:
-        out["this_box"] = projection(gpu, host_gib=budgets["host_budget_bytes"] / 0.9 / GIB, gpu_memory_gib=None,
+        out["this_box"] = projection(gpu, host_gib=host_gib, gpu_memory_gib=None,
                                      cpu_gbs=measured_gbs, change_rate=change, context=context)
         out["h100_80gb_1tib_host"] = projection("H100", host_gib=1024, gpu_memory_gib=None, cpu_gbs=measured_gbs,
                                                 change_rate=change, context=context)

@@ -152,6 +152,10 @@ class StackRun:
                 worker_cpu_ms_per_step=None if cpu0 is None else round(1e3 * (worker.cpu_s - cpu0) / steps, 3),
                 wait_kernel_ms_per_step=round(1e3 * telemetry.timings.get("cpu_wait", 0.0) / steps, 3),
                 in_engine_gbs=round(nbytes * threads / busy / 1e9, 2) if busy else None)
+        pool = self.engine.resident_pool_state()
+        if pool is not None and telemetry is not None:  # resident-first: the share of requests attended exactly
+            row["resident"] = dict(pool, exact_share=round(telemetry.exact_requests / max(1, telemetry.decoded_tokens),
+                                                           4))
         if split is not None and totals is not None:  # the CPU split's shares beside the step time
             listed = totals.cpu_blocks + totals.zero_copy_blocks
             row["split"] = dict(zero_copy_share=round(totals.zero_copy_blocks / listed, 4) if listed else 0.0,

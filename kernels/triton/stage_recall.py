@@ -93,18 +93,22 @@ def _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, vscore, 
                        PAD: tl.constexpr, WIDE: tl.constexpr, SLOT_BITS: tl.constexpr, BINS: tl.constexpr,
                        MOVES: tl.constexpr):
     """-> (new row, applied [C]): the candidates brought into the row and their blocks copied, all pairs or, for a
-    WIDE row, by wide_rows.py."""
-    if WIDE:
-        new_row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD,
-                                              SLOT_BITS, BINS)
-        copy_moves_gathered(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                            dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
-                            stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
-    else:
-        new_row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
-        _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
-                    dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
-                    stride_dev_head, stride_dev_tok, tile, s, d)
+    WIDE row, by wide_rows.py. Without a candidate nothing runs: the steady state of an exact row (resident-first),
+    whose fill is done and whose CPU list is empty, and of every row between recalls."""
+    new_row = row
+    applied = candidates != candidates  # none
+    if tl.sum((candidates != PAD).to(tl.int32), axis=0) > 0:
+        if WIDE:
+            new_row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota,
+                                                  PAD, SLOT_BITS, BINS)
+            copy_moves_gathered(candidates, applied, dst, pages, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                                dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok,
+                                stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d, MOVES)
+        else:
+            new_row, applied, dst = _bring_in(row, r, usable, candidates, selected, sel_valid, vscore, quota, PAD)
+            _copy_moves(candidates, applied, dst, pages, r, lanes, host_row, host_k_ptr, host_v_ptr, dev_k_ptr,
+                        dev_v_ptr, head, stride_host_page, stride_host_head, stride_host_tok, stride_dev_page,
+                        stride_dev_head, stride_dev_tok, tile, s, d)
     return new_row, applied
 
 
@@ -198,7 +202,10 @@ def _resident_row_kernel(
                 wait = tl.load(brake_row + WAIT_WORD)
                 moved = tl.load(brake_row + MOVED_WORD)
                 fresh = tl.load(brake_row + FRESH_WORD + r, mask=r < R, other=0)
-                hits = tl.sum(((fresh != 0) & (r < R) & member(row, selected, sel_valid, WIDE, BINS)).to(tl.int32), axis=0)
+                hits = moved * 0
+                if moved > 0:  # the last recall moved blocks: how many of them the selection took (its judgement)
+                    hits = tl.sum(((fresh != 0) & (r < R) & member(row, selected, sel_valid, WIDE, BINS)).to(tl.int32),
+                                  axis=0)
                 judged = moved > 0
                 paid = 2 * hits >= moved
                 level = tl.where(judged, tl.where(paid, 0, tl.minimum(level + 1, MAX_BACKOFF)), level)
@@ -212,10 +219,12 @@ def _resident_row_kernel(
                 word = tl.load(runs_row + selected, mask=sel_valid, other=-1)
                 run = tl.where((word >> RUN_BITS) == position - 1, tl.minimum((word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
                 if WIDE:  # a candidate's run: the same update of its word, read before the store (selected ones)
-                    listed_word = tl.load(runs_row + candidates, mask=candidates != PAD, other=-1)
-                    listed_run = tl.where((listed_word >> RUN_BITS) == position - 1,
-                                          tl.minimum((listed_word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
-                    lasting = member(candidates, selected, sel_valid, WIDE, BINS) & (listed_run >= MIN_SELECTED)
+                    lasting = candidates != candidates
+                    if tl.sum((candidates != PAD).to(tl.int32), axis=0) > 0:
+                        listed_word = tl.load(runs_row + candidates, mask=candidates != PAD, other=-1)
+                        listed_run = tl.where((listed_word >> RUN_BITS) == position - 1,
+                                              tl.minimum((listed_word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
+                        lasting = member(candidates, selected, sel_valid, WIDE, BINS) & (listed_run >= MIN_SELECTED)
                 tl.store(runs_row + selected, (position << RUN_BITS) | run, mask=sel_valid)
                 if not WIDE:
                     match = (candidates[:, None] == selected[None, :]) & sel_valid[None, :]  # [C, K]

@@ -157,13 +157,17 @@ class Ramp:
 
 def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exact_again_after():
     """Pool of 4 x 6 pages; requests of ~100 tokens need 9-12 blocks outside the window: one or two fit (exact:
-    dense attention, no CPU part, though the prediction is poor), four do not (sparse: the CPU part works, the rows
-    shrink to the floor); when three leave, the last is filled again and exact."""
+    dense attention, no CPU part, though the prediction is poor; the workers are not woken, and that is no
+    fallback), four do not (sparse: the CPU part works, the rows shrink to the floor); when three leave, the last is
+    filled again and exact."""
     config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
                          resident_first=True)
     engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
     ramp = Ramp(engine)
     seen = {"exact": 0, "sparse": 0, "sparse_cpu": 0}
+    kicks = []
+    kick = engine.cpu_worker.kick
+    engine.cpu_worker.kick = lambda: (kicks.append(1), kick())[1]
     try:
         for phase, rids in enumerate([[0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [3]]):
             for rid in rids:
@@ -173,7 +177,11 @@ def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exa
                 if rid not in rids:
                     ramp.leave(rid)
             for _ in range(10):
+                kicked = len(kicks)
                 errors, exact, telemetry = ramp.step(rids)
+                all_exact = all(exact[rid] for rid in rids)
+                assert telemetry.worker_free_steps == all_exact and (len(kicks) == kicked) == all_exact, phase
+                assert "device_only" not in telemetry.cpu_fallbacks, telemetry.cpu_fallbacks
                 for rid in rids:
                     if exact[rid]:
                         assert errors[rid] < 2e-5, (phase, rid, errors[rid])

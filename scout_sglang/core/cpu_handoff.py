@@ -220,12 +220,17 @@ class CpuHandoff:
         self._status_np[i] = code
         self._outcomes_np[i, code] += 1
 
-    def record_outcomes(self, outcomes: list[list[int]], rids: list[int]) -> dict[str, int]:
+    def record_outcomes(self, outcomes: list[list[int]], rids: list[int], *,
+                        planned_device_only: int = 0) -> dict[str, int]:
         """After the one read of the parts' outcome counts (per layer, per status): feed the health circuit, log
-        fallbacks (rate-limited, naming the layer, the cause and, for an error, the request) -> {cause: parts}."""
+        fallbacks (rate-limited, naming the layer, the cause and, for an error, the request) -> {cause: parts}.
+        planned_device_only: steps of these counts planned device-only with nothing for the CPU (every request
+        exact), one device-only part per layer each: not fallbacks."""
         fallbacks = {}
         for layer, counts in zip(self.layers, outcomes):
             for code, count in enumerate(counts):
+                if code == STATUS_DEVICE_ONLY:
+                    count = max(0, count - planned_device_only)
                 if not count:
                     continue
                 cause = CAUSE_OF_STATUS.get(code)

@@ -627,11 +627,17 @@ class CoAttentionEngine:
         if self.recall_budget is not None:
             self.recall_budget.observe_step(decodes=bool(rids))
         bypass = self.handoff is not None and not self.handoff.use_worker()
-        self.plan = self._build_plan(rows, bypass, token_slots)
+        # Resident-first: a step whose every request is exact lists nothing for the CPU, so the workers are not
+        # woken for it (they would spin through its layers): the layers compute their (empty) CPU parts
+        # themselves, as in a bypassed step, which stays exact even where a row's first fill is still to come.
+        idle = not bypass and self.handoff is not None and self.pool is not None and bool(rids) and \
+            all(self.pool.exact.get(rid, False) for rid in rids)
+        self.plan = self._build_plan(rows, bypass or idle, token_slots)
         if self.handoff is not None:
-            self.handoff.begin_step(self._seq, bypass)
+            self.handoff.begin_step(self._seq, bypass or idle)
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
+        self.telemetry.worker_free_steps += idle
         if self.pool is not None:
             self.telemetry.exact_requests += sum(self.pool.exact[rid] for rid in rids)
             self.telemetry.pool_pages_used = self.pool.pages.num_used
@@ -794,7 +800,8 @@ class CoAttentionEngine:
                                            rows=telemetry.decoded_tokens * self.shape.num_kv_heads,
                                            steps=telemetry.steps, window_s=stats.cpu_window_s,
                                            wait_s=stats.cpu_wait_s, zero_copy_s=stats.zero_copy_s)
-            for cause, count in self.handoff.record_outcomes(outcomes, rids or []).items():
+            for cause, count in self.handoff.record_outcomes(outcomes, rids or [],
+                                                              planned_device_only=telemetry.worker_free_steps).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
             bad = [layer for layer in self.handoff.layers if counters[layer][BAD_PAGES]]
             if bad:  # an error path: the page check's finds are named from the device's lists

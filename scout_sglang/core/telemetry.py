@@ -64,6 +64,7 @@ class StepTelemetry:
     recall_cap_bytes: int = 0  # the recall cap of the steps it covers, summed (core/recall_budget.py)
     exact_requests: int = 0  # resident-first: requests attended over every block, summed over the steps it covers
     pool_pages_used: int = 0  # resident-first: pages of the resident pool held at its last step (core/resident_pool.py)
+    worker_free_steps: int = 0  # resident-first: steps whose requests were all exact, the workers left asleep
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())

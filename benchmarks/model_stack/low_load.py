@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .parts import equal_memory, fits, run_config, stack_shape
+from .parts import equal_memory, fits, planned_pool, run_config, stack_shape
 
 TARGET = 0.95  # scout's tokens/s over full attention's at a batch full attention fits
 BATCHES = (1, 8, 32, 64)
@@ -65,10 +65,13 @@ def part_resident(setup, args, deadline: float) -> dict:
     batch, limit = plan["batches"]["scout"]
     if time.perf_counter() > deadline:
         out["equal_memory"] = dict(batch=batch, limit=limit, skipped="the call's time budget ran out")
-    else:
-        out["equal_memory"] = dict(batch=batch, limit=limit, pool=plan["pool"]) | run_config(
-            setup, stack_shape(setup), "scout", batch, plan["context"], resident_first=True,
-            resident_pool_blocks=plan["pool"]["pages"])
+        return out
+    # the dry run's pool holds its 3 tiny requests whole (every one exact)
+    pool = dict(pages=3 * (plan["context"] // setup.block + 4), limit="dry run") if setup.dry else \
+        planned_pool(plan["capacities"]["scout"], plan["budgets"])
+    out["equal_memory"] = dict(batch=batch, limit=limit, pool=pool) | run_config(
+        setup, stack_shape(setup), "scout", batch, plan["context"], resident_first=True,
+        resident_pool_blocks=pool["pages"])
     return out
 
 

@@ -118,18 +118,18 @@ def planned_pool(capacity, budgets: dict) -> dict:
 
 
 def equal_memory(setup, args) -> dict:
-    """The equal-memory comparison's shape: context, budgets, each mode's (batch, limit) by the planner, and the
-    resident-first pool at scout's batch (the dry run: tiny fixed figures, every request exact in the pool)."""
+    """The equal-memory comparison's shape: context, budgets, and each mode's (batch, limit) and capacity by the
+    planner (the dry run: tiny fixed figures, no capacities)."""
     context = setup.contexts[-1]
     if setup.dry:
         budgets = dict(request_tokens=context + 16, device_budget_bytes=2 * (context + 16) * 2 * TINY.num_layers *
                        TINY.num_kv_heads * TINY.head_dim * 4, host_budget_bytes=2**26)
         return dict(context=context, budgets=budgets, batches={"full": (2, "dry run"), "scout": (3, "dry run")},
-                    pool=dict(pages=3 * (context // setup.block + 4), limit="dry run"))
+                    capacities=None)
     budgets = headline_budgets(context=context, host_free_bytes=host_free_bytes(),
                                device_budget_bytes=int(args.kv_budget_gib * GIB) if args.kv_budget_gib else None)
     capacities = {mode: planned_batch(mode, budgets, context=context) for mode in ("full", "scout")}
-    return dict(context=context, budgets=budgets, pool=planned_pool(capacities["scout"], budgets),
+    return dict(context=context, budgets=budgets, capacities=capacities,
                 batches={mode: (capacity.max_batch, capacity.limit) for mode, capacity in capacities.items()})
 
 

@@ -87,6 +87,11 @@ def _bring_in(row, slots_r, in_slot, candidates, selected, sel_valid, vscore, qu
 
 
 @triton.jit
+def _any_listed(candidates, PAD: tl.constexpr):
+    return tl.sum((candidates != PAD).to(tl.int32), axis=0) > 0
+
+
+@triton.jit
 def _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, vscore, quota, pages, lanes, host_row,
                        host_k_ptr, host_v_ptr, dev_k_ptr, dev_v_ptr, head, stride_host_page, stride_host_head,
                        stride_host_tok, stride_dev_page, stride_dev_head, stride_dev_tok, tile, s, d,
@@ -97,7 +102,7 @@ def _bring_in_and_copy(row, r, usable, candidates, selected, sel_valid, vscore, 
     whose fill is done and whose CPU list is empty, and of every row between recalls."""
     new_row = row
     applied = candidates != candidates  # none
-    if tl.sum((candidates != PAD).to(tl.int32), axis=0) > 0:
+    if _any_listed(candidates, PAD):
         if WIDE:
             new_row, applied, dst = bring_in_wide(row, r, usable, candidates, selected, sel_valid, vscore, quota,
                                                   PAD, SLOT_BITS, BINS)
@@ -220,7 +225,7 @@ def _resident_row_kernel(
                 run = tl.where((word >> RUN_BITS) == position - 1, tl.minimum((word & RUN_LIMIT) + 1, RUN_LIMIT), 1)
                 if WIDE:  # a candidate's run: the same update of its word, read before the store (selected ones)
                     lasting = candidates != candidates
-                    if tl.sum((candidates != PAD).to(tl.int32), axis=0) > 0:
+                    if _any_listed(candidates, PAD):
                         listed_word = tl.load(runs_row + candidates, mask=candidates != PAD, other=-1)
                         listed_run = tl.where((listed_word >> RUN_BITS) == position - 1,
                                               tl.minimum((listed_word & RUN_LIMIT) + 1, RUN_LIMIT), 1)

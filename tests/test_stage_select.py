@@ -103,6 +103,24 @@ def test_the_change_count_compares_with_the_previous_selection_of_the_same_slot(
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_an_exact_row_counts_only_its_new_block_as_changed(impl, lookup):
+    """Resident-first exact rows select every block: a previous selection of every block up to its largest is read
+    as a range (wide rows), one with a hole is looked up; both count what a hand count does."""
+    device = device_of(impl)
+    topk = 8
+    previous = torch.full((3, 1, topk), PAD_BLOCK, dtype=torch.int32)
+    previous[0, 0, :6] = torch.tensor([3, 0, 5, 1, 4, 2])  # blocks 0..5: this step's block 6 is new
+    previous[1, 0, :5] = torch.tensor([4, 0, 6, 1, 3])  # blocks 2 and 5 are not in it
+    previous[2, 0, :3] = torch.tensor([0, 1, 2])  # the range ends before this step's 3..6
+    scores = torch.randn(3, 1, 8, generator=torch.Generator().manual_seed(3))
+    counters = torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device)
+    selected, counts = run_select(impl, scores, [7, 7, 7], topk, 0, 0, previous=previous.to(device),
+                                  slots=torch.tensor([0, 1, 2], device=device), counters=counters)
+    assert counts.flatten().tolist() == [7, 7, 7]
+    assert counters[COMPARED].item() == 21 and counters[CHANGED].item() == 1 + 2 + 4
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_quest_pages_list_the_selected_pages_then_the_partial_tail(impl):
     device = device_of(impl)
     block, topk = 4, 3

@@ -119,6 +119,40 @@ def test_rows_as_wide_as_a_resident_first_request_split_like_the_reference(impl,
     check_against_reference(impl, c, 40)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_exact_resident_first_rows_list_every_held_page_and_nothing_for_the_cpu(impl, lookup):
+    """Exact rows (every block outside the window resident, in the row's first columns) and their near misses, whose
+    wide split takes shortcuts (no compaction of a row held from its first column, no lookup when the row and the
+    window hold every block up to the largest selected one): each lists what the reference does. Block 0 (a sink)
+    held by a row in place of another block must not count twice."""
+    gen = torch.Generator().manual_seed(9)
+    num_full, topk, columns = 40, 40, 45
+    selected = torch.full((2, 2, topk), PAD_BLOCK, dtype=torch.int32)
+    for b in range(2):
+        for h in range(2):
+            selected[b, h] = torch.randperm(num_full, generator=gen).int()
+    counts = torch.full((2, 2), num_full, dtype=torch.int32)
+    counts[0, 1] = 10  # a selection of some of the blocks, all held
+    resident = torch.full((2, 2, columns), PAD_BLOCK, dtype=torch.int32)
+    for b in range(2):
+        for h in range(2):
+            resident[b, h, : num_full - 3] = (torch.randperm(num_full - 3, generator=gen) + 1).int()  # blocks 1..37
+    missing = int(resident[1, 0, 7])
+    resident[1, 0, 7] = 0  # block 0 is a forced (sink) block: its column counts for nothing, `missing` is off-device
+    resident[1, 1, 40] = resident[1, 1, 3]  # every block held, with a hole at column 3
+    resident[1, 1, 3] = PAD_BLOCK
+    c = dict(selected=selected, counts=counts, slots=torch.tensor([0, 1]), resident=resident,
+             forced=torch.tensor([[0, 38, 39, PAD_BLOCK]] * 2, dtype=torch.int32),
+             window_pages=torch.tensor([[100, 101, 102, 103], [200, 201, 202, 203]], dtype=torch.int32),
+             resident_pages=torch.arange(2 * columns, dtype=torch.int32).view(2, columns) + 500,
+             host_table=torch.arange(2 * 64, dtype=torch.int32).view(2, 64) + 1000,
+             q=torch.randn(2, 4, 8, generator=gen).to(torch.bfloat16))
+    check_against_reference(impl, c, 8)
+    out = run(impl, c, capacity=8)
+    assert out["cpu_counts"].tolist() == [[0, 0], [1, 0]] and out["cpu_blocks"][1, 0, 0] == missing
+    assert out["device_counts"].tolist() == [[37 + 4, 37 + 4], [37 + 4, 37 + 4]]
+
+
 def check_against_reference(impl, c, capacity):
     out = run(impl, c, capacity=capacity)
     device, cpu, dropped = expected(c, capacity=capacity)

@@ -53,6 +53,19 @@ def _best(keys, TOPK_P2: tl.constexpr):
 
 
 @triton.jit
+def _in_previous_wide(selected, before, PAD: tl.constexpr, BINS: tl.constexpr):
+    """Which selected blocks the previous selection `before` (PAD-padded) has, for wide rows. A previous selection
+    of every block up to its largest (an exact resident-first row's: all of its blocks) is a range, read as one;
+    any other is looked up through a histogram (lists.member). A selection lists a block once."""
+    listed = before != PAD
+    top = tl.max(tl.where(listed, before, -1), axis=0)
+    found = (selected >= 0) & (selected <= top)
+    if tl.sum(listed.to(tl.int32), axis=0) != top + 1:
+        found = member(selected, before, listed, True, BINS)
+    return found
+
+
+@triton.jit
 def _select_topk_kernel(
     scores_ptr,
     num_full_ptr,
@@ -135,7 +148,10 @@ def _select_topk_kernel(
         row = previous_ptr + slot * stride_prev_slot + head * stride_prev_head
         before = tl.load(row + rank, mask=rank < TOPK, other=PAD)
         had_any = tl.max((before != PAD).to(tl.int32), axis=0) > 0
-        kept = member(selected, before, before != PAD, WIDE, BINS)
+        if WIDE:
+            kept = _in_previous_wide(selected, before, PAD, BINS)
+        else:
+            kept = member(selected, before, before != PAD, WIDE, BINS)
         compared = chosen & had_any
         tl.atomic_add(counters_ptr + COMPARED_COL, tl.sum(compared.to(tl.int32), axis=0))
         tl.atomic_add(counters_ptr + CHANGED_COL, tl.sum((compared & ~kept).to(tl.int32), axis=0))

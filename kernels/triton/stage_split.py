@@ -33,6 +33,33 @@ from scout_sglang.layout import PAD_BLOCK
 
 
 @triton.jit
+def _held_pages_wide(pages_row, resident_pages, held, r, num_resident, lanes, DEVICE_P2: tl.constexpr):
+    """The pages of a wide row's held columns, in column order, at 0.. of a [DEVICE_P2] vector (0 past them). A row
+    whose held columns are its first ones (an exact resident-first row: it fills and admits into its lowest free
+    columns) is read as it is; any other is compacted through a histogram (lists.compact)."""
+    device = tl.load(pages_row + lanes, mask=lanes < num_resident, other=0)
+    if tl.max(tl.where(held, r, -1), axis=0) + 1 != num_resident:
+        device = compact(resident_pages, held, DEVICE_P2, True)
+    return device
+
+
+@triton.jit
+def _on_device_wide(selected, sel_valid, resident, occupied, forced, PAD: tl.constexpr, BINS: tl.constexpr):
+    """Which selected blocks a wide resident row holds. When the row and the window's full blocks hold every block
+    up to the largest selected one (an exact resident-first row: all of its blocks) they hold them all, and nothing
+    is looked up; else a histogram lookup (lists.member). Counting is enough: a row holds a block in one column at
+    most, and the forced blocks are distinct (the row's own ones are not counted twice)."""
+    top = tl.max(tl.where(sel_valid, selected, -1), axis=0)
+    forced_in = (forced != PAD) & (forced >= 0) & (forced <= top)
+    row_in = occupied & (resident >= 0) & (resident <= top) & ~contains(resident, forced, forced_in)
+    held = tl.sum(row_in.to(tl.int32), axis=0) + tl.sum(forced_in.to(tl.int32), axis=0)
+    found = sel_valid
+    if held != top + 1:
+        found = member(selected, resident, occupied, True, BINS)
+    return found
+
+
+@triton.jit
 def _split_lists_kernel(
     selected_ptr, counts_ptr, forced_ptr, window_pages_ptr, resident_pages_ptr, host_table_ptr, resident_ptr,
     slots_ptr, dev_pages_ptr, dev_counts_ptr, cpu_blocks_ptr, cpu_pages_ptr, cpu_counts_ptr, q_ptr, q_out_ptr,
@@ -75,7 +102,11 @@ def _split_lists_kernel(
         resident_pages = tl.load(resident_pages_ptr + batch * stride_res_pages_batch + r, mask=r < RESIDENT,
                                  other=PAD)
         num_resident = tl.sum(held.to(tl.int32), axis=0)
-        device = compact(resident_pages, held, DEVICE_P2, WIDE)
+        if WIDE:
+            device = _held_pages_wide(resident_pages_ptr + batch * stride_res_pages_batch, resident_pages, held, r,
+                                      num_resident, lanes, DEVICE_P2)
+        else:
+            device = compact(resident_pages, held, DEVICE_P2, WIDE)
         device += place(window, num_resident + rank_of(in_window), in_window, DEVICE_P2)
     else:
         num_resident = 0
@@ -89,7 +120,10 @@ def _split_lists_kernel(
         forced = tl.load(forced_ptr + batch * stride_forced_batch + columns, mask=columns < WIDTH, other=PAD)
         on_device = contains(selected, forced, forced != PAD)
         if HAS_RESIDENT:
-            on_device = on_device | member(selected, resident, occupied, WIDE, BINS)
+            if WIDE:
+                on_device = on_device | _on_device_wide(selected, sel_valid, resident, occupied, forced, PAD, BINS)
+            else:
+                on_device = on_device | member(selected, resident, occupied, WIDE, BINS)
         keep = sel_valid & ~on_device
         wanted = tl.sum(keep.to(tl.int32), axis=0)
         num_listed = tl.minimum(wanted, CAPACITY)

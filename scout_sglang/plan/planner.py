@@ -18,6 +18,7 @@ from scout_sglang.plan.gpus import gpu_spec
 from scout_sglang.plan.host_counts import DEFAULT_PATH as HOST_OVERHEAD_PATH
 from scout_sglang.plan.models import ModelSpec
 from scout_sglang.plan.step_model import Hardware, Workload, parse_cpu_split, step_time
+from scout_sglang.sglang_adapter.kv_pool import HOST_SHARE
 
 GIB = 2**30
 RECOMMEND_BUDGETS = (1024, 2048, 4096)  # scout token budgets the recommendation chooses among
@@ -167,7 +168,7 @@ def memory_budgets(request: PlanRequest, figures: dict[str, Figure]) -> dict:
     """Device bytes for K/V (weights out of SGLang's static share) and host bytes for the engine's store."""
     weights = request.model.total_params() * request.itemsize
     device = figures["gpu_memory"].value * GIB * figures["mem_fraction"].value - weights
-    host = figures["host_memory"].value * GIB * 0.9  # the start-up check's margin (kv_pool.check_host_memory)
+    host = figures["host_memory"].value * GIB * HOST_SHARE["cuda"]  # what a GPU server's start-up check allows
     if device <= 0:
         raise ValueError(f"{request.model.name}'s weights ({weights / GIB:.1f} GiB) do not fit "
                          f"{figures['mem_fraction'].value:g} of {figures['gpu_memory'].value:.1f} GiB")

@@ -136,18 +136,25 @@ def available_host_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+# The share of the free host memory the engine's stores may take at start-up. A CUDA server needs more beside them:
+# on an H200 box (125 GiB, 124 free) a process whose 106.7 GiB store was 86% of it peaked at 121.5 GiB and was
+# OOM-killed (the CUDA context, page-locked staging and the workers, about 15 GiB); at 80% it ran.
+HOST_SHARE = {"cpu": 0.9, "cuda": 0.8}
+
+
 def check_host_memory(host_bytes: int, tokens: int, what: str = "the scout host store", *, local_ranks: int = 1,
-                      available: int | None = None) -> None:
+                      available: int | None = None, share: float = HOST_SHARE["cpu"]) -> None:
     """Refuse to start when the host store of each of the `local_ranks` ranks on this host would not fit, all
-    together, in the memory available (default: now)."""
+    together, in `share` of the memory available (default: now)."""
     available = available_host_bytes() if available is None else available
     needed = host_bytes * local_ranks
-    if needed > 0.9 * available:
+    if needed > share * available:
         each = f" on each of the {local_ranks} tensor-parallel ranks on this host" if local_ranks > 1 else ""
         together = f" ({needed / GIB:.1f} GiB together)" if local_ranks > 1 else ""
         raise RuntimeError(
             f"{what} for {tokens} tokens needs {host_bytes / GIB:.1f} GiB of host memory{each}{together}, but only "
-            f"{available / GIB:.1f} GiB is available: lower --max-total-tokens (or SCOUT_HOST_KV_GIB)")
+            f"{available / GIB:.1f} GiB is available (the stores may take {share:.0%} of it): lower "
+            f"--max-total-tokens (or SCOUT_HOST_KV_GIB)")
 
 
 def check_device_memory(plan: dict, tokens: int, free_bytes: int) -> None:
@@ -174,7 +181,7 @@ def check_engine_memory(plan: dict, device, tokens: int, extra_host_bytes: int =
     available = min(tp_gather(available_host_bytes()))
     if torch.device(device).type == "cuda":
         check_host_memory(plan["host_bytes_allocated"] + extra_host_bytes, tokens, local_ranks=place.local_ranks,
-                          available=available)
+                          available=available, share=HOST_SHARE["cuda"])
         check_device_memory(plan, tokens, torch.cuda.mem_get_info(torch.device(device))[0])
     else:
         check_host_memory(plan["host_bytes_allocated"] + plan["device_bytes_allocated"] + extra_host_bytes, tokens,

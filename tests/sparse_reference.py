@@ -24,12 +24,16 @@ def random_prompts(lengths, *, vocab: int, seed: int = 0, first_id: int = 7) -> 
     return [torch.randint(first_id, vocab, (n,), generator=generator).tolist() for n in lengths]
 
 
-def reference_outputs(model_dir, scout_env: dict, prompts, new_tokens: int, *, drop_cpu_part: bool = False):
+def reference_outputs(model_dir, scout_env: dict, prompts, new_tokens: int, *, drop_cpu_part: bool = False,
+                      quota_runs=None):
     """Greedy tokens per prompt (each decoded alone) and the mean predicted-query cosine.
 
     drop_cpu_part : every CPU part's result thrown away (the cpu_drop fault: o = 0, lse = -inf, so the merge
         keeps the device part alone): the negative control of a test that faults cost no token, whose tokens
         must differ from these for that test to say anything
+    quota_runs : resident-first, per prompt the quota runs a server gave it (/server_info resident_pool
+        recent_requests): each prompt decoded alone at the quotas it had among the server's other requests (the
+        pool, SCOUT_RESIDENT_POOL_BLOCKS, must hold the largest)
     """
     from transformers import AutoModelForCausalLM
 
@@ -47,7 +51,9 @@ def reference_outputs(model_dir, scout_env: dict, prompts, new_tokens: int, *, d
                                engine=engine)
     tokens, cosines = [], []
     try:
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
+            if quota_runs is not None:
+                decoder.engine.pool.replayed = {0: quota_runs[index]}  # generate's request is rid 0
             result = decoder.generate([prompt], new_tokens)
             tokens.append(result.tokens[0])
             cosines += [c for values in result.query_cosine.values() for c in values]

@@ -2,6 +2,7 @@
 and an engine whose load ramps up and down: exact while the pool holds every block, sparse with no failure when it
 does not, exact again when the load falls. Every decision through the switch: test_engine_oracle.py."""
 
+import dataclasses
 import random
 
 import pytest
@@ -207,6 +208,95 @@ def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exa
     finally:
         engine.close()
     engine.pool.pages.check_consistent()
+
+
+def test_a_request_replayed_alone_at_its_recorded_quotas_decodes_as_it_did_among_others():
+    """The quota runs the pool records per request (served on /server_info) are what a reference decoder replays:
+    each request of a ramp through exact, sparse and exact again, decoded alone with the same inputs at its runs,
+    gives the outputs it had among the others, and records the same runs. Alone at its water-filled share (no
+    replay) the requests that went sparse decode otherwise: the control."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp, prompts, steps = Ramp(engine), {}, {rid: [] for rid in range(4)}
+    try:
+        for rids in ([0], [0, 1, 2, 3], [3]):
+            for rid in rids:
+                if rid not in engine.requests:
+                    ramp.join(rid, 96 + 5 * rid)
+                    prompts[rid] = [ramp.kv[rid, layer] for layer in range(SHAPE.num_layers)]
+            for rid in list(engine.requests):
+                if rid not in rids:
+                    ramp.leave(rid)
+            for _ in range(6):
+                for rid, layers in recorded_step(engine, ramp, rids).items():
+                    steps[rid].append(layers)
+        for rid in list(engine.requests):
+            ramp.leave(rid)
+        recorded = {(runs["prompt_tokens"] - 96) // 5: runs for runs in engine.pool.recent}
+    finally:
+        engine.close()
+    assert sorted(recorded) == [0, 1, 2, 3]
+    assert all(len({quota for quota, _ in recorded[rid]["quota_runs"]}) > 1 for rid in (0, 3)), recorded
+    differs = 0
+    for rid, runs in recorded.items():
+        alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
+                                  max_requests=1, max_tokens_per_request=256)
+        replayed = replay_alone(alone, rid, prompts[rid], steps[rid], runs["quota_runs"])
+        assert alone.pool.recent[0] == runs
+        for step, (layers, outs) in enumerate(zip(steps[rid], replayed)):
+            for layer, ((*_, out), again) in enumerate(zip(layers, outs)):
+                torch.testing.assert_close(again, out, atol=1e-5, rtol=1e-5, msg=f"request {rid} step {step} layer {layer}")
+        water_filled = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=1, max_tokens_per_request=256)
+        outs = replay_alone(water_filled, rid, prompts[rid], steps[rid], None)
+        differs += any(not torch.allclose(again, layers[layer][-1], atol=1e-5)
+                       for layers, step_outs in zip(steps[rid], outs) for layer, again in enumerate(step_outs))
+    assert differs >= 2
+
+
+def recorded_step(engine, ramp, rids):
+    """Ramp.step that keeps each request's inputs and outputs: rid -> per layer (q, k_new, v_new, prediction of the
+    next layer or None, out)."""
+    batch = len(rids)
+    engine.begin_step(rids)
+    kept = {rid: [] for rid in rids}
+    for layer in range(SHAPE.num_layers):
+        q = ramp._randn(batch, SHAPE.num_qo_heads)
+        k_new, v_new = ramp._randn(batch, SHAPE.num_kv_heads), ramp._randn(batch, SHAPE.num_kv_heads)
+        predicted = None
+        if layer + 1 < SHAPE.num_layers and engine.wants_prediction(layer + 1):
+            predicted = ramp._randn(batch, SHAPE.num_qo_heads)
+            engine.predict(layer + 1, predicted)
+        out = engine.attend(layer, q, k_new, v_new)
+        for b, rid in enumerate(rids):
+            kept[rid].append((q[b], k_new[b], v_new[b], None if predicted is None else predicted[b], out[b].clone()))
+    engine.end_step()
+    return kept
+
+
+def replay_alone(engine, rid, prompt, steps, quota_runs):
+    """Decode `rid` alone in `engine` from its prompt K/V through the recorded steps' inputs, at `quota_runs` (None:
+    its water-filled share) -> per step, per layer, its output."""
+    outs = []
+    try:
+        if quota_runs is not None:
+            engine.pool.replayed[rid] = quota_runs
+        engine.add_request(rid)
+        for layer, (k, v) in enumerate(prompt):
+            engine.prefill(rid, layer, k, v)
+        for layers in steps:
+            engine.begin_step([rid])
+            step_outs = []
+            for layer, (q, k_new, v_new, predicted, _) in enumerate(layers):
+                if predicted is not None:
+                    engine.predict(layer + 1, predicted[None])
+                step_outs.append(engine.attend(layer, q[None], k_new[None], v_new[None])[0].clone())
+            engine.end_step()
+            outs.append(step_outs)
+        engine.release_request(rid)
+    finally:
+        engine.close()
+    return outs
 
 
 @pytest.mark.parametrize("chunks", [(101,), (13, 30, 21, 37)])

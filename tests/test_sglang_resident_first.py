@@ -1,8 +1,9 @@
 """Resident-first serving (SCOUT_RESIDENT_FIRST=on) in the real SGLang server (CPU, fp32), under a load that ramps
 1 -> 2 -> 16 -> 1 concurrent requests at a sparse budget: at low load every request is attended exactly (its
 tokens are a stock torch_native server's and full attention's, no block on the CPU); at full load the requests
-outgrow the pool, go sparse with their resident rows as the cache and all complete; then exact again. The engine
-tests follow every quota and decision through the switch (test_resident_pool.py, test_engine_oracle.py)."""
+outgrow the pool, go sparse with their resident rows as the cache and all complete, each as the reference decoder
+decodes it alone at the quotas the server gave it (/server_info's quota runs); then exact again. The engine tests
+follow every quota and decision through the switch (test_resident_pool.py, test_engine_oracle.py)."""
 
 import concurrent.futures
 
@@ -65,3 +66,11 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     assert sum(crowded["request_failures"].values()) == 0
     assert end["cpu_blocks"] == crowded["cpu_blocks"]  # exact again once alone
     assert end["usage"]["resident_pool_pages"] == 0 and end["usage"]["requests"] == 0
+    # full load, token for token: each request as the reference decoder decodes it alone at the server's quotas
+    recent = end["resident_pool"]["recent_requests"]  # in the order they finished: (warm-up,) alone, pair, 16, again
+    assert [r["prompt_tokens"] for r in recent[-20:-17] + recent[-1:]] in ([950, 950, 700, 700], [950, 700, 950, 700])
+    runs = {r["prompt_tokens"]: r["quota_runs"] for r in recent[-17:-1]}
+    quotas = [runs[len(prompt)] for prompt in full]
+    assert all(sum(steps for _, steps in r) == NEW_TOKENS - 1 for r in quotas), quotas
+    replayed, _, _ = reference_outputs(model_dir, SCOUT_ENV, full, NEW_TOKENS, quota_runs=quotas)
+    assert loaded == replayed

@@ -282,7 +282,8 @@ class CoAttentionEngine:
         forced = self.config.sink_blocks + self.config.local_blocks
         needed = {rid: max(0, tokens.get(rid, state.num_tokens) // self.block_size - forced)
                   for rid, state in self.requests.items()}
-        quotas = pool.plan(needed)
+        quotas = pool.plan(needed, {rid: state.steps for rid, state in self.requests.items()} if pool.replayed
+                           else None)
         shrinking = [(rid, quota) for rid, quota in quotas.items() if quota < pool.quota(rid)]
         if shrinking:  # one set of ops per layer for all of them
             slots = [self.requests[rid].slot for rid, _ in shrinking]
@@ -437,6 +438,8 @@ class CoAttentionEngine:
         if state is None:
             return
         self.full_store.release(rid, state.slot)
+        if self.pool is not None:
+            self.pool.finish(rid)
         if self.offloaded_layers:
             self.offloaded.release(rid, state.slot)
         self._free_slots.append(state.slot)
@@ -471,8 +474,11 @@ class CoAttentionEngine:
 
     def resident_pool_state(self) -> dict | None:
         """Resident-first serving (resident_pool.py): the pool's pages and their use, the requests attended
-        exactly now, and the resident columns quota shrinkage gave back since start-up; None without it."""
-        return None if self.pool is None else self.pool.usage() | {"row_blocks": self.offloaded.resident_width}
+        exactly now, the resident columns quota shrinkage gave back since start-up, and the quota runs of the last
+        requests that finished; None without it."""
+        if self.pool is None:
+            return None
+        return self.pool.usage() | {"row_blocks": self.offloaded.resident_width, "recent_requests": list(self.pool.recent)}
 
     def memory(self) -> dict:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""
@@ -623,6 +629,8 @@ class CoAttentionEngine:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
         if self.pool is not None:
             self._rebalance_pool({state.rid: state.num_tokens + 1 for state in self._batch})
+            for state in self._batch:
+                self.pool.record(state.rid, state.num_tokens - state.steps)
         self._seq = self._seq % SEQ_LIMIT + 1
         if self.recall_budget is not None:
             self.recall_budget.observe_step(decodes=bool(rids))

@@ -26,15 +26,26 @@ steps, on the device; nothing else waits.
 Host work per step is O(requests): the quotas are sums of host counts, and a
 quota change moves its columns to the device table like any page-table change
 (device_tables.py).
+
+Each request's quotas, step by step, are kept as runs [quota, steps] while it
+runs, and of the last RECENT_REQUESTS that finished (`recent`, on the server's
+/server_info): what a reference decoder replays (`replayed`: rid -> runs, in
+place of the water-fill) to decode one request alone as the server decoded it
+among others.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 
 from scout_sglang.core.stores import SlotPageTable
 from scout_sglang.kernels.recall_brake import FRESH, MOVED
 from scout_sglang.layout import PAD_BLOCK
+
+
+RECENT_REQUESTS = 64  # finished requests whose quota runs the pool keeps
 
 
 def water_fill(demands: list[int], pages: int) -> list[int]:
@@ -85,15 +96,37 @@ class ResidentPool(SlotPageTable):
                              f"({max_requests} x {floor}): every admitted request keeps resident_blocks")
         self.exact: dict[int, bool] = {}  # rid -> attended over all its blocks
         self.evicted_columns = 0  # resident columns given back by quota shrinkage (each: a block per layer and head)
+        self.runs: dict[int, dict] = {}  # rid -> {"prompt_tokens", "quota_runs": [[quota, steps], ...]} while it runs
+        self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)  # the same, of the last requests that finished
+        self.replayed: dict[int, list[list[int]]] = {}  # rid -> quota runs that replace its water-filled share
 
     def quota(self, rid: int) -> int:
         return self.pages.count(rid)
 
-    def plan(self, needed: dict[int, int]) -> dict[int, int]:
-        """New quotas of the requests in `needed` (rid -> blocks outside its window): every admitted request."""
+    def plan(self, needed: dict[int, int], steps: dict[int, int] | None = None) -> dict[int, int]:
+        """New quotas of the requests in `needed` (rid -> blocks outside its window): every admitted request; a
+        replayed one (steps: rid -> its decode steps so far) gets its runs' quota at that step."""
         rids = list(needed)
         demands = [min(self.width, max(self.floor, needed[rid])) for rid in rids]
-        return dict(zip(rids, water_fill(demands, self.pages.num_pages)))
+        quotas = dict(zip(rids, water_fill(demands, self.pages.num_pages)))
+        for rid in self.replayed.keys() & quotas.keys():
+            quotas[rid] = min(self.width, quota_at(self.replayed[rid], (steps or {}).get(rid, 0)))
+        return quotas
+
+    def record(self, rid: int, prompt_tokens: int) -> None:
+        """The next decode step of `rid` runs at its quota now."""
+        quota = self.quota(rid)
+        runs = self.runs.setdefault(rid, {"prompt_tokens": prompt_tokens, "quota_runs": []})["quota_runs"]
+        if runs and runs[-1][0] == quota:
+            runs[-1][1] += 1
+        else:
+            runs.append([quota, 1])
+
+    def finish(self, rid: int) -> None:
+        """`rid` leaves: its quota runs go to `recent`."""
+        runs = self.runs.pop(rid, None)
+        if runs is not None:
+            self.recent.append(runs)
 
     def grow(self, rid: int, slot: int, quota: int) -> None:
         if quota > self.width:
@@ -119,6 +152,15 @@ class ResidentPool(SlotPageTable):
         return {"pages": self.pages.num_pages, "used": self.pages.num_used,
                 "exact_requests": sum(self.exact.values()), "requests": len(self.exact),
                 "evicted_columns": self.evicted_columns}
+
+
+def quota_at(runs: list[list[int]], step: int) -> int:
+    """The quota of decode step `step` in runs [[quota, steps], ...] (past their end: the last quota)."""
+    for quota, count in runs:
+        if step < count:
+            return quota
+        step -= count
+    return runs[-1][0]
 
 
 def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pages: torch.Tensor,

@@ -6,6 +6,7 @@ decodes it alone at the quotas the server gave it (/server_info's quota runs); t
 follow every quota and decision through the switch (test_resident_pool.py, test_engine_oracle.py)."""
 
 import concurrent.futures
+import time
 
 import pytest
 from sparse_reference import random_prompts, reference_outputs
@@ -32,6 +33,17 @@ def model_dir(tmp_path_factory):
                            num_kv_heads=2, head_dim=16)
 
 
+def idle(base, timeout: float = 30) -> dict:
+    """The server's scout statistics once the engine holds no request: a finished request's pages (and its pool
+    share) are freed when SGLang frees its slot, which may come after its answer; a phase of n requests starts
+    with none left from the last."""
+    deadline = time.monotonic() + timeout
+    while (stats := scout_stats(base))["usage"]["requests"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stats["usage"]["requests"] == 0, stats["usage"]
+    return stats
+
+
 def concurrently(base, prompts):
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(lambda prompt: generate(base, prompt, NEW_TOKENS)["output_ids"], prompts))
@@ -42,14 +54,15 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     full = random_prompts([600 + 25 * i for i in range(16)], vocab=VOCAB, seed=12)
     with launched_server(model_dir, "--attention-backend", "scout", *SERVER, env=SCOUT_ENV,
                          log_path=tmp_path / "scout.log") as base:
-        start = scout_stats(base)
+        start = idle(base)
         alone = [generate(base, low[0], NEW_TOKENS)["output_ids"]]
+        idle(base)
         pair = concurrently(base, low)
-        exact = scout_stats(base)
+        exact = idle(base)
         loaded = concurrently(base, full)
-        crowded = scout_stats(base)
+        crowded = idle(base)
         again = [generate(base, low[1], NEW_TOKENS)["output_ids"]]
-        end = scout_stats(base)
+        end = idle(base)
     with launched_server(model_dir, "--attention-backend", "torch_native", *SERVER, env={},
                          log_path=tmp_path / "stock.log") as base:
         stock = [generate(base, prompt, NEW_TOKENS)["output_ids"] for prompt in low]

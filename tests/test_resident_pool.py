@@ -210,6 +210,40 @@ def test_a_ramp_is_exact_at_low_load_sparse_without_failure_at_full_load_and_exa
     engine.pool.pages.check_consistent()
 
 
+@pytest.mark.parametrize("lengths", [(96, 70), (96, 101, 106, 111)])
+def test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows_are_exact(lengths):
+    """SGLang stores a prefill batch layer by layer: each request's chunk in layer 0, then each in layer 1, ... While
+    the second is rebalanced the first is mid-chunk, and counts at its chunk's end: counted at its committed 0
+    tokens, it was shrunk to the floor yet stayed exact, and its later layers' prefill wrote blocks into columns
+    with no page (an exact row 0.28 off dense attention). Two requests fit the pool (exact, dense attention's
+    outputs); four do not (sparse, with a CPU part, and no write past a quota)."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp = Ramp(engine)
+    rids = list(range(len(lengths)))
+    try:
+        for rid in rids:
+            engine.add_request(rid)
+        for layer in range(SHAPE.num_layers):
+            for rid, length in zip(rids, lengths):
+                k, v = ramp._randn(length, SHAPE.num_kv_heads), ramp._randn(length, SHAPE.num_kv_heads)
+                ramp.kv[rid, layer] = (k, v)
+                engine.prefill(rid, layer, k, v)
+        cpu_blocks = 0
+        for _ in range(10):
+            errors, exact, telemetry = ramp.step(rids)
+            assert all(exact.values()) == (len(rids) == 2) and any(exact.values()) == (len(rids) == 2)
+            for rid in rids:
+                if exact[rid]:
+                    assert errors[rid] < 2e-5, (rid, errors[rid])
+            cpu_blocks += telemetry.totals().cpu_blocks
+        assert (cpu_blocks > 0) == (len(rids) == 4)
+        assert sum(engine.pool.quota(rid) for rid in rids) <= engine.pool.pages.num_pages
+    finally:
+        engine.close()
+
+
 def test_a_request_replayed_alone_at_its_recorded_quotas_decodes_as_it_did_among_others():
     """The quota runs the pool records per request (served on /server_info) are what a reference decoder replays:
     each request of a ramp through exact, sparse and exact again, decoded alone with the same inputs at its runs,

@@ -71,6 +71,7 @@ class RequestState:
     slot: int
     num_tokens: int = 0  # tokens stored in every layer
     steps: int = 0  # decode steps completed
+    filling_to: int = 0  # the end of the prefill chunk being stored, layer by layer (num_tokens once committed)
 
 
 class CoAttentionEngine:
@@ -280,7 +281,9 @@ class CoAttentionEngine:
         that stops fitting before its first step starts from an empty row, as any sparse request does."""
         pool, store, tokens = self.pool, self.offloaded, tokens or {}
         forced = self.config.sink_blocks + self.config.local_blocks
-        needed = {rid: max(0, tokens.get(rid, state.num_tokens) // self.block_size - forced)
+        # A request whose chunk is being stored counts at its end: SGLang stores a batch's chunks layer by layer,
+        # so the others of its batch are mid-chunk when one of them is rebalanced.
+        needed = {rid: max(0, tokens.get(rid, max(state.num_tokens, state.filling_to)) // self.block_size - forced)
                   for rid, state in self.requests.items()}
         quotas = pool.plan(needed, {rid: state.steps for rid, state in self.requests.items()} if pool.replayed
                            else None)
@@ -527,6 +530,7 @@ class CoAttentionEngine:
         if n == 0:  # an empty chunk (a request admitted with no token yet) stores nothing
             return
         if self.pool is not None and layer == self.offloaded_layers[0]:
+            state.filling_to = end
             self._rebalance_pool({rid: end})  # the quotas with this request at `end` tokens
         if layer in self.full_layers:
             self.full_store.ensure_tokens(rid, state.slot, end)
@@ -578,6 +582,9 @@ class CoAttentionEngine:
             parts_k.append(k_blocks[chunk])
             parts_v.append(v_blocks[chunk])
         columns = [b - sink for b in blocks]
+        if columns[-1] >= self.pool.quota(rid):  # never past its quota: those columns have no page
+            raise RuntimeError(f"resident pool: request {rid} is exact at {self.pool.quota(rid)} columns, but its "
+                               f"prefill moves block {blocks[-1]} out of its window")
         pages = self.pool.table[slot, columns].long().to(self.device)
         store.dev_k[layer][pages] = torch.cat(parts_k)
         store.dev_v[layer][pages] = torch.cat(parts_v)

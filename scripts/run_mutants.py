@@ -95,6 +95,10 @@ TESTS_FOR = {
     "scout_sglang/core/resident_pool.py": (
         "tests/test_resident_pool.py",
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
+    # the engine: with, first, the resident-first prefill of a batch layer by layer (the engine tests prefill alone)
+    "scout_sglang/core/engine.py": (
+        "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"
+        "_are_exact", *FAST_TESTS),
     "kernels/triton/": TRITON_TESTS,
     "kernels/": FAST_TESTS,
     "scout_sglang/": FAST_TESTS,

@@ -230,6 +230,12 @@ def test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_
                 k, v = ramp._randn(length, SHAPE.num_kv_heads), ramp._randn(length, SHAPE.num_kv_heads)
                 ramp.kv[rid, layer] = (k, v)
                 engine.prefill(rid, layer, k, v)
+        if len(rids) == 2:  # each fits: its prefill wrote every block outside its window into its columns
+            for rid, length in zip(rids, lengths):
+                outside = length // config.block_size - config.sink_blocks - config.local_blocks
+                for layer in engine.offloaded_layers:
+                    row = engine.offloaded.resident_map[layer][engine.requests[rid].slot]
+                    assert row[:, :outside].tolist() == [list(range(1, outside + 1))] * SHAPE.num_kv_heads, rid
         cpu_blocks = 0
         for _ in range(10):
             errors, exact, telemetry = ramp.step(rids)

@@ -583,8 +583,11 @@ class CoAttentionEngine:
             parts_v.append(v_blocks[chunk])
         columns = [b - sink for b in blocks]
         if columns[-1] >= self.pool.quota(rid):  # never past its quota: those columns have no page
-            raise RuntimeError(f"resident pool: request {rid} is exact at {self.pool.quota(rid)} columns, but its "
-                               f"prefill moves block {blocks[-1]} out of its window")
+            logger.error("scout: resident pool: request %d is exact at %d columns, but its prefill moves block %d "
+                         "out of its window; its row is filled at its first step instead", rid, self.pool.quota(rid),
+                         blocks[-1])
+            self.pool.exact[rid] = False  # the next rebalance makes it exact again, and its first fill takes them all
+            return
         pages = self.pool.table[slot, columns].long().to(self.device)
         store.dev_k[layer][pages] = torch.cat(parts_k)
         store.dev_v[layer][pages] = torch.cat(parts_v)

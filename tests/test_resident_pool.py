@@ -250,6 +250,32 @@ def test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_
         engine.close()
 
 
+def test_a_prefill_write_past_a_quota_is_refused_and_the_row_filled_at_the_first_step(caplog):
+    """The guard behind the batch prefill's fix: a request counted exact while its quota is below its blocks (here a
+    rebalance is given its committed 0 tokens, as the bug did) gets no block written past its quota, an error in the
+    log, and its row filled from the host at its first step, where it equals dense attention."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp = Ramp(engine)
+    try:
+        engine.add_request(0)
+        first, last = engine.offloaded_layers[0], engine.offloaded_layers[-1]
+        for layer in range(SHAPE.num_layers):
+            ramp.kv[0, layer] = (ramp._randn(96, SHAPE.num_kv_heads), ramp._randn(96, SHAPE.num_kv_heads))
+            engine.prefill(0, layer, *ramp.kv[0, layer])
+            if layer == first:
+                assert engine.pool.quota(0) == 9 and engine.pool.exact[0]
+                engine._rebalance_pool({0: 0})  # as if its chunk were not being stored: the floor, still "exact"
+                assert engine.pool.quota(0) == 6 and engine.pool.exact[0]
+        assert "its prefill moves block 9 out of its window" in caplog.text and not engine.pool.exact[0]
+        assert (engine.offloaded.resident_map[last][engine.requests[0].slot] == PAD_BLOCK).all()  # nothing written
+        errors, exact, telemetry = ramp.step([0])
+        assert exact[0] and errors[0] < 2e-5 and telemetry.totals().cpu_blocks == 0
+    finally:
+        engine.close()
+
+
 def test_a_request_replayed_alone_at_its_recorded_quotas_decodes_as_it_did_among_others():
     """The quota runs the pool records per request (served on /server_info) are what a reference decoder replays:
     each request of a ramp through exact, sparse and exact again, decoded alone with the same inputs at its runs,

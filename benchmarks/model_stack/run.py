@@ -154,7 +154,6 @@ class StackRun:
                 in_engine_gbs=round(nbytes * threads / busy / 1e9, 2) if busy else None)
         pool = self.engine.resident_pool_state()
         if pool is not None and telemetry is not None:  # resident-first: the share of requests attended exactly
-            pool.pop("recent_requests")  # the finished requests' quota runs: none finish here
             row["resident"] = dict(pool, exact_share=round(telemetry.exact_requests / max(1, telemetry.decoded_tokens),
                                                            4))
         if split is not None and totals is not None:  # the CPU split's shares beside the step time

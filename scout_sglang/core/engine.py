@@ -477,11 +477,8 @@ class CoAttentionEngine:
 
     def resident_pool_state(self) -> dict | None:
         """Resident-first serving (resident_pool.py): the pool's pages and their use, the requests attended
-        exactly now, the resident columns quota shrinkage gave back since start-up, and the quota runs of the last
-        requests that finished; None without it."""
-        if self.pool is None:
-            return None
-        return self.pool.usage() | {"row_blocks": self.offloaded.resident_width, "recent_requests": list(self.pool.recent)}
+        exactly now, and the resident columns quota shrinkage gave back since start-up; None without it."""
+        return None if self.pool is None else self.pool.usage() | {"row_blocks": self.offloaded.resident_width}
 
     def memory(self) -> dict:
         """Bytes the stores allocate and use, on the device and in host memory, and the tokens held."""

@@ -380,6 +380,7 @@ class ScoutAttnBackend:
         pool = self.engine.resident_pool_state()  # resident-first serving, or None
         report["resident_pool"] = None if pool is None else pool | {
             "recent_exact_share": self.stats.recent_exact_share(), "sized_by": self._pool_sized_by(),
+            "recent_requests": list(self.engine.pool.recent),  # their quota runs, what a reference decoder replays
             "stock_kv_bytes": (self.pool_sizing or {}).get("stock_kv_bytes")}
         report["cores"] = self.cores.as_report()
         report["host_store_pages"] = self.engine.host_store_pages()  # page kind, share on 2 MiB pages (<= 30 s old)

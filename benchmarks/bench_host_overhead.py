@@ -16,7 +16,8 @@ not counted: they are the CPU part); the time outside the ops with a timing
 dispatch mode (scout_sglang/core/host_work.py says what it leaves in).
 Per mode, batch size and KV head count, for three steps: steady (no block fills,
 recall off), a step in which every request fills a block, and a step with recall
-due for every request. No asserts. Progress goes to stderr; the last stdout line
+due for every request; for scout also a step on resident-first's exact path (a
+pool that holds every block). No asserts. Progress goes to stderr; the last stdout line
 is one JSON object; the full mode writes benchmarks/results/host_overhead.{json,md,png}.
 
     python -P benchmarks/bench_host_overhead.py [--quick]
@@ -57,6 +58,8 @@ def build(mode: str, batch: int, num_kv_heads: int, variant: str, kernel_impl: s
           fixed_widths: bool | None = None) -> tuple[CoAttentionEngine, ModelShape]:
     shape = ModelShape(num_layers=NUM_LAYERS, num_qo_heads=NUM_QO_HEADS, num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
     recall = dict(recall_policy="interval", recall_interval=1) if variant == "recall" else dict(recall_policy="off")
+    if variant == "exact":  # resident-first with a pool that holds every block: the second step is on the exact path
+        recall |= dict(resident_first=True, resident_pool_blocks=batch * (CONTEXT // BLOCK + 4))
     config = ScoutConfig(mode=mode, block_size=BLOCK, token_budget=BUDGET, cpu_groups=1, dense_layers=(0,),
                          kernel_impl=kernel_impl, **recall)
     engine = CoAttentionEngine(config, shape, dtype=torch.float32, max_requests=batch,
@@ -368,12 +371,12 @@ def main(argv=None) -> int:
     modes = ("full", "scout") if args.quick else MODES
     batches = (1, 64) if args.quick else (1, 8, 32, 64)
     heads = (8,) if args.quick else (1, 8)
-    variants = ("steady",) if args.quick else ("steady", "fill", "recall")
+    variants = ("steady", "exact") if args.quick else ("steady", "fill", "recall", "exact")
     rows = []
     for mode in modes:
         for num_kv_heads in heads:
             for variant in variants:
-                if variant == "recall" and mode not in ("scout", "infinigen"):
+                if variant == "recall" and mode not in ("scout", "infinigen") or variant == "exact" and mode != "scout":
                     continue
                 if variant != "steady" and num_kv_heads != max(heads):
                     continue  # block fills and recalls at 8 KV heads, at the smallest and largest batch
@@ -395,6 +398,8 @@ def main(argv=None) -> int:
     summary = dict(
         gpu_launches_per_offloaded_layer={f"{m}@{b}": r.get("gpu_launches_per_offloaded_layer")
                                           for (m, b), r in steady.items()},
+        exact_path_gpu_launches_per_offloaded_layer={f"{r['mode']}@{r['batch']}": r.get(
+            "gpu_launches_per_offloaded_layer") for r in rows if r["variant"] == "exact"},
         gpu_launches_per_dense_layer={f"{m}@{b}": r.get("gpu_launches_per_dense_layer") for (m, b), r in steady.items()},
         gpu_python_lines_per_layer={f"{m}@{b}": r.get("gpu_python_lines_per_layer") for (m, b), r in steady.items()},
         ops_per_layer={f"{m}@{b}": r["ops_per_layer"] for (m, b), r in steady.items()},

@@ -95,10 +95,20 @@ TESTS_FOR = {
     "scout_sglang/core/resident_pool.py": (
         "tests/test_resident_pool.py",
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
+    # the pool's quotas and their changes: the resident-first tests (a prefill batch layer by layer first), then the
+    # oracle's run through the switch
+    "scout_sglang/core/pool_rebalance.py": (
+        "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"
+        "_are_exact", "tests/test_resident_pool.py",
+        "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
     # the engine: with, first, the resident-first prefill of a batch layer by layer (the engine tests prefill alone)
     "scout_sglang/core/engine.py": (
         "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"
         "_are_exact", *FAST_TESTS),
+    # the layer stages: with, first, the oracle's run through resident-first's exact path and its switch
+    "scout_sglang/core/layer_stages.py": (
+        "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle",
+        *FAST_TESTS),
     "kernels/triton/": TRITON_TESTS,
     "kernels/": FAST_TESTS,
     "scout_sglang/": FAST_TESTS,

@@ -113,12 +113,15 @@ def test_with_the_cpu_split_and_the_estimate_every_output_matches_the_oracle():
 @pytest.mark.parametrize("pool", [60, 30])
 def test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle(pool):
     """Resident-first serving (core/resident_pool.py) on qwen3's shape (resident_blocks 3): with a pool that holds
-    every block, every request is exact (all its blocks selected and resident, no CPU part) and equals dense
-    attention; with one that does not, the largest requests turn sparse as the others grow, their rows compacted,
-    and every decision (quota, exactness, selection, the rows through the switch) and output matches the oracle."""
+    every block, every request is exact (all its blocks resident, no CPU part) and equals dense attention, and
+    every step takes the exact path (each prefill wrote its row: nothing selected); with one that does not, the
+    largest requests turn sparse as the others grow, their rows compacted (those exact since their last sparse
+    step keep their newest blocks), and every decision (quota, exactness, selection, the rows through the switch)
+    and output matches the oracle."""
     report = run_checked("scout", "qwen3", dense=pool == 60, resident_first=True, resident_pool_blocks=pool)
     rows = STEPS * SHAPES["qwen3"].num_layers * len(LENGTHS) * SHAPES["qwen3"].num_kv_heads
-    if pool == 60:
+    if pool == 60:  # every step on the exact path (each prefill wrote its row): no selection, every block attended
         assert report.exact_rows == rows and report.cpu_blocks == 0 and report.quota_shrinks == 0
+        assert report.exact_path_rows == rows
     else:
         assert 0 < report.exact_rows < rows and report.cpu_blocks > 0 and report.quota_shrinks > 0

@@ -21,12 +21,14 @@ COUNTERS = ("selected_blocks", "cpu_blocks", "dropped_blocks", "recalled_blocks"
             "backed_off_rows", "zero_copy_blocks")
 
 
-def run(mode, impl, steps=6, prompts=(20, 41, 7), max_tokens=128, rows=None, **overrides):
-    """-> (outputs, each step's COUNTERS); `rows` (a list) gets the engine's resident row width."""
+def run(mode, impl, steps=6, prompts=(20, 41, 7), max_tokens=128, rows=None, exact_path=True, **overrides):
+    """-> (outputs, each step's COUNTERS); `rows` (a list) gets the engine's resident row width; exact_path:
+    resident-first's exact path on (engine.exact_path)."""
     settings = dict(mode=mode, block_size=8, token_budget=32, sink_blocks=1, local_blocks=1, cpu_groups=1,
                     resident_blocks=2, recall_policy="interval", recall_interval=2, kernel_impl=impl)
     engine = CoAttentionEngine(ScoutConfig(**(settings | overrides)), SHAPE, device=TRITON_DEVICE, dtype=torch.float32,
                                max_requests=3, max_tokens_per_request=max_tokens)
+    engine.exact_path = exact_path
     if rows is not None:
         rows.append(engine.offloaded.resident_width)
     # 7 tokens: a request with no full block at first
@@ -101,16 +103,22 @@ def test_resident_first_the_triton_path_decodes_like_the_torch_path():
     assert sum(torch_counts[0][1:2]) == 0 and sum(step[1] for step in torch_counts) > 0  # exact, then a CPU part
 
 
-def test_resident_first_rows_of_hundreds_of_blocks_decode_like_the_torch_path():
+@pytest.mark.parametrize("exact_path", [False, True])
+def test_resident_first_rows_of_hundreds_of_blocks_decode_like_the_torch_path(exact_path):
     """Rows wider than the 256 blocks the all-pairs stages took (kernels/triton/lists.py): a request of 265 blocks
     at blocks of 2, exact in a pool that holds it, with no CPU part; the same outputs and decisions as the torch
-    path, whose row is as wide."""
+    path, whose row is as wide. Its prefill wrote its row, so with the exact path on every step takes it (nothing
+    selected: the wide admission and list alone); off, the selecting stages run at that width."""
     settings = dict(resident_first=True, resident_pool_blocks=300, block_size=2, prompts=(530, 7), max_tokens=560,
-                    steps=2)
+                    steps=2, exact_path=exact_path)
     rows = []
     torch_outputs, torch_counts = run("scout", "torch", rows=rows, **settings)
     triton_outputs, triton_counts = run("scout", "triton", rows=rows, **settings)
     assert rows[0] == rows[1] > 256
     torch.testing.assert_close(triton_outputs, torch_outputs, atol=2e-5, rtol=2e-5)
     assert triton_counts == torch_counts
-    assert all(step[1] == 0 for step in torch_counts) and torch_counts[0][0] > 2 * 256  # exact: 2 heads x 265
+    assert all(step[1] == 0 for step in torch_counts)
+    if exact_path:
+        assert all(step[0] == 0 for step in torch_counts)  # nothing selected: the exact path
+    else:
+        assert torch_counts[0][0] > 2 * 256  # exact: 2 heads x 265 selected

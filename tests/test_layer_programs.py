@@ -31,6 +31,7 @@ from scout_sglang.core.shape import ModelShape
 
 BLOCK, HEAD_DIM, LAYERS = 8, 8, 3
 OFFLOADED_BUDGET, DENSE_BUDGET = 16, 4
+EXACT_BUDGET = 5  # resident-first's exact path: admit, list, append, decode (a split decode: 2)
 UNFUSED_PYTHON_LINES = 764.5  # scout's Python lines per layer before the fused stages (bench_host_overhead)
 HANDOFF_KERNELS = 2  # ring and wait: kernels on CUDA, the engine thread's code on the CPU device
 ALLOCATING = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like", "new_empty",
@@ -127,12 +128,26 @@ def test_with_resident_first(one_torch_thread):
     """Resident-first (core/resident_pool.py): each row's k and fill quota are plan data, the resident columns a
     device table gathered once per step; no launch more per layer, nothing allocated or read back, the same Python
     lines at every batch. At batch 1 the request is exact, then outgrows its pool of 3 pages; at 4 (12 pages) one
-    row is exact and three are sparse."""
-    check_launches("scout", ((1, 1), (4, 2)), resident_first=True)
+    row is exact and three are sparse (the batch-1 request's exact steps take the exact path: the next test)."""
+    check_launches("scout", ((1, 1), (4, 2)), resident_first=True, exact_path=None)
 
 
-def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", **settings):
-    """expect: a Triton kernel every offloaded layer launches, or {kernel: how many times}"""
+@requires_triton
+@pytest.mark.triton_interpret
+def test_resident_first_exact_path_launches_what_a_dense_layer_does_and_one_more_pair(one_torch_thread):
+    """Resident-first with a pool that holds every block: after the first step (which fills the rows) every step
+    runs the exact path (core/layer_stages.attend_exact): an offloaded layer admits the block leaving the window,
+    lists its pages, appends and decodes; no score, selection, hand-off, merge or recall. At most EXACT_BUDGET
+    launches, the same at batch 1 and 4, nothing allocated or read back."""
+    check_launches("scout", ((1, 1), (4, 2)), resident_first=True, resident_pool_blocks=64,
+                   offloaded_budget=EXACT_BUDGET, exact_path=True,
+                   expect={"_resident_row_kernel": 1, "_split_lists_kernel": 1, "_append_token_kernel": 1})
+
+
+def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", offloaded_budget=OFFLOADED_BUDGET,
+                   exact_path=False, **settings):
+    """expect: a Triton kernel every offloaded layer launches, or {kernel: how many times}; exact_path: whether
+    every counted step runs resident-first's exact path (None: either)"""
     python = {}
     for batch, num_kv_heads in shapes:
         # larger: counted, not run (see LaunchCounter): the interpreter is slow (a GPU runs them all)
@@ -152,6 +167,7 @@ def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", *
             completed = recalled = 0
             for step in range(2 if run else 1):  # block fills and interval recalls among them
                 counters.clear()
+                assert exact_path is None or engine.exact_step_ready(sorted(engine.requests)) == exact_path
                 _, moved, filled = decode_step(engine, gen, counters=per_layer)
                 completed, recalled = completed + filled, recalled + moved
                 lines = PythonLineCounter(skip_launches=True, run_launches=run)
@@ -161,7 +177,7 @@ def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", *
                 for layer, counter in counters.items():
                     launches = counter.launches()
                     dense = layer in engine.full_layers and layer not in engine._selects  # no selection
-                    budget = DENSE_BUDGET if dense else OFFLOADED_BUDGET
+                    budget = DENSE_BUDGET if dense else offloaded_budget
                     where = f"{mode} batch {batch} Hkv {num_kv_heads} layer {layer}: {dict(counter.triton)} {counter.ops}"
                     assert launches <= budget, where
                     assert counter.scalar_reads == 0, where
@@ -174,7 +190,7 @@ def check_launches(mode, shapes, estimate=False, expect=None, cpu_split="off", *
                         assert expect is None or dense or counter.triton.get(expect), where
             if run:
                 assert completed, "no step completed a block"
-                if mode == "scout" and batch == 4:
+                if mode == "scout" and batch == 4 and not exact_path:
                     assert recalled, "no step recalled a block"
         finally:
             engine.close()

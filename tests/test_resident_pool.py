@@ -92,6 +92,24 @@ def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_
     assert torch.equal(dev_k[5:10], k_before[5:10]) and torch.equal(dev_v[5:10], v_before[5:10])  # slot 2's pages
 
 
+def test_compaction_of_a_row_exact_since_its_last_sparse_step_keeps_its_newest_blocks():
+    """Its last selection is stale (the exact path selects nothing) and its column order depends on how its row was
+    filled: such a row keeps its newest blocks, newest first, whatever its columns and selection say."""
+    resident = torch.full((2, 1, 5), PAD_BLOCK, dtype=torch.int32)
+    resident[1, 0] = torch.tensor([3, 9, 5, PAD_BLOCK, 7])
+    last = torch.full((2, 1, 4), PAD_BLOCK, dtype=torch.int32)
+    last[1, 0, :2] = torch.tensor([3, 5])  # stale: ignored
+    pages = torch.arange(10, 15, dtype=torch.int32).view(1, -1)
+    dev_k, dev_v = torch.randn(16, 1, 2, 3), torch.randn(16, 1, 2, 3)
+    k_before = dev_k.clone()
+    compact_rows(resident, [1], [2], pages, last, dev_k, dev_v, max_blocks=12, by_recency=[True])
+    assert resident[1, 0].tolist() == [9, 7] + [PAD_BLOCK] * 3
+    assert torch.equal(dev_k[10], k_before[11]) and torch.equal(dev_k[11], k_before[14])  # block 9's data, block 7's
+    resident[1, 0] = torch.tensor([3, 9, 5, PAD_BLOCK, 7])
+    compact_rows(resident, [1], [2], pages, last, dev_k, dev_v, max_blocks=12, by_recency=[False])
+    assert resident[1, 0].tolist() == [3, 5] + [PAD_BLOCK] * 3  # the control: its last selection first
+
+
 def test_exact_rows_select_every_block_and_fill_their_whole_row():
     fields = exact_row_fields([True, False], width=20, forced=3, topk=6, recall_quota=4, num_kv_heads=2)
     assert fields["row_topk"].tolist() == [23, 6]
@@ -295,7 +313,7 @@ def test_a_request_replayed_alone_at_its_recorded_quotas_decodes_as_it_did_among
                 if rid not in rids:
                     ramp.leave(rid)
             for _ in range(6):
-                for rid, layers in recorded_step(engine, ramp, rids).items():
+                for rid, layers in recorded_step(engine, ramp, rids)[0].items():
                     steps[rid].append(layers)
         for rid in list(engine.requests):
             ramp.leave(rid)
@@ -320,11 +338,87 @@ def test_a_request_replayed_alone_at_its_recorded_quotas_decodes_as_it_did_among
     assert differs >= 2
 
 
+def test_a_request_exact_beside_a_sparse_one_decodes_as_alone_on_the_exact_path():
+    """The exact path runs only when every request of the step is exact, so one request may take either path for
+    the same step: exact beside a sparse request it is selected and split like any row, alone it skips both.
+    Request 0 runs exact with a short one (the exact path), exact beside a sparse one (the selecting path), then
+    its quota shrinks and it is sparse; replayed alone at its quotas (the exact path wherever it is exact) it gives the same
+    outputs at every step and layer, also after it went sparse (a row exact since its last sparse step keeps its
+    first columns, its selection runs and brake start afresh: neither depends on the path)."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp, steps, paths = Ramp(engine), [], []
+    try:
+        for rid, length in ((0, 96), (2, 60)):
+            ramp.join(rid, length)
+        prompt = [ramp.kv[0, layer] for layer in range(SHAPE.num_layers)]
+        for rids, count in (([0, 2], 4), ([0, 1, 2], 3), ([0, 1, 2, 3], 6)):
+            for rid, length in ((1, 130), (3, 60)):
+                if rid in rids and rid not in engine.requests:
+                    ramp.join(rid, length)
+            for _ in range(count):
+                kept, exact_path = recorded_step(engine, ramp, rids)
+                steps.append(kept[0])
+                paths.append("exact path" if exact_path else "exact" if engine.pool.exact.get(0) else "sparse")
+        ramp.leave(0)
+        runs = engine.pool.recent[-1]
+    finally:
+        engine.close()
+    quotas = [quota for quota, count in runs["quota_runs"] for _ in range(count)]
+    assert quotas[0] > quotas[-1] and {"exact path", "exact", "sparse"} <= set(paths), (paths, runs)
+    alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
+                              max_requests=1, max_tokens_per_request=256)
+    replayed = replay_alone(alone, 0, prompt, steps, runs["quota_runs"])
+    assert alone.pool.recent[0] == runs
+    for step, (layers, outs) in enumerate(zip(steps, replayed)):
+        for layer, ((*_, out), again) in enumerate(zip(layers, outs)):
+            torch.testing.assert_close(again, out, atol=1e-5, rtol=1e-5, msg=f"step {step} ({paths[step]}) layer {layer}")
+
+
+def test_a_dip_between_two_steps_is_recorded_and_replayed():
+    """Another request comes and goes between two steps: request 0's quota shrinks (its row compacted) and grows
+    back before its next step, which runs at the quota it had. The pool records the dip as a run [quota, 1, low],
+    and a replay alone repeats it (outputs equal at every step); replayed without it, the row keeps blocks the
+    server's compaction dropped and the outputs differ (the control)."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp, steps = Ramp(engine), []
+    try:
+        for rid, length in ((0, 96), (1, 110), (2, 130)):
+            ramp.join(rid, length)
+        prompt = [ramp.kv[0, layer] for layer in range(SHAPE.num_layers)]
+        for step in range(8):
+            if step == 4:  # between steps 3 and 4: a fourth request is admitted, prefilled and aborted
+                ramp.join(3, 60)
+                ramp.leave(3)
+            steps.append(recorded_step(engine, ramp, [0, 1, 2])[0][0])
+        ramp.leave(0)
+        runs = engine.pool.recent[-1]
+    finally:
+        engine.close()
+    dips = [run for run in runs["quota_runs"] if len(run) == 3]
+    assert len(dips) == 1 and dips[0][2] < dips[0][0], runs
+    outs = {}
+    for name, quota_runs in (("recorded", runs["quota_runs"]), ("no dip", [run[:2] for run in runs["quota_runs"]])):
+        alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
+                                  max_requests=1, max_tokens_per_request=256)
+        outs[name] = replay_alone(alone, 0, prompt, steps, quota_runs)
+        if name == "recorded":
+            assert alone.pool.recent[0] == runs
+    for step, (layers, again) in enumerate(zip(steps, outs["recorded"])):
+        for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
+            torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5, msg=f"step {step} layer {layer}")
+    assert any(not torch.allclose(replayed, layers[layer][-1], atol=1e-5)
+               for layers, again in zip(steps, outs["no dip"]) for layer, replayed in enumerate(again))
+
+
 def recorded_step(engine, ramp, rids):
-    """Ramp.step that keeps each request's inputs and outputs: rid -> per layer (q, k_new, v_new, prediction of the
-    next layer or None, out)."""
+    """Ramp.step that keeps each request's inputs and outputs -> (rid -> per layer (q, k_new, v_new, prediction of
+    the next layer or None, out), whether the step ran the exact path)."""
     batch = len(rids)
-    engine.begin_step(rids)
+    exact_path = engine.begin_step(rids).exact_step
     kept = {rid: [] for rid in rids}
     for layer in range(SHAPE.num_layers):
         q = ramp._randn(batch, SHAPE.num_qo_heads)
@@ -337,7 +431,7 @@ def recorded_step(engine, ramp, rids):
         for b, rid in enumerate(rids):
             kept[rid].append((q[b], k_new[b], v_new[b], None if predicted is None else predicted[b], out[b].clone()))
     engine.end_step()
-    return kept
+    return kept, exact_path
 
 
 def replay_alone(engine, rid, prompt, steps, quota_runs):

@@ -36,7 +36,9 @@ from sglang.srt.model_executor.forward_context import ForwardContext, forward_co
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
 
 from scout_sglang.core.launch_program import Recorder  # noqa: E402
-from scout_sglang.sglang_adapter import plugin  # noqa: E402
+from sglang.srt.model_executor.runner_utils.capture_mode import _set_capture_attention_variant  # noqa: E402
+
+from scout_sglang.sglang_adapter import graph_variants, plugin  # noqa: E402
 
 CAPTURE_BS, PREFIX = 4, (30, 41, 23, 36)
 
@@ -127,6 +129,81 @@ def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
     assert all(engine.requests[slot].num_tokens == prefix + 2 for slot, prefix in zip(range(2), PREFIX))
     engine.close()
     eager.backend.engine.close()
+
+
+def test_resident_first_captures_an_exact_graph_and_replays_it_when_every_request_is_exact(monkeypatch):
+    """Resident-first with a pool that holds every block: SGLang's runner captures scout's two variants per batch
+    size (graph_variants.py), and before each replay asks which one. The first step (its requests not admitted yet,
+    their rows not filled) takes the selecting path's graph, the next ones the exact path's, which launches no
+    hand-off, merge or prediction; every replay gives the eager backend's outputs, bit for bit."""
+    monkeypatch.setenv("SCOUT_RESIDENT_FIRST", "on")
+    monkeypatch.setenv("SCOUT_RESIDENT_POOL_BLOCKS", "64")
+    eager, graph = build(), build()
+    backend, module = graph.backend, graph.actual_module
+    variants = graph_variants.ScoutGraphVariants(backend)
+    hidden = [torch.randn(CAPTURE_BS, module.hidden_size, dtype=torch.bfloat16) for _ in range(3)]
+    q, k, v = (t.clone() for t in module.project_qkv(hidden[0]))
+    backend.init_cuda_graph_state(CAPTURE_BS, CAPTURE_BS)
+    capture_fb = step_batch(graph, CAPTURE_BS, 0)
+    captured, outs = {}, {}
+    for label in variants.capture_labels:  # what the runner does per batch size
+        _set_capture_attention_variant(label)
+        try:
+            backend.init_forward_metadata_out_graph(capture_fb, in_capture=True)
+            attention(graph, q, k, v, capture_fb)  # the warm-up
+            with Recorder() as capture:
+                outs[label] = attention(graph, q, k, v, capture_fb)
+        finally:
+            _set_capture_attention_variant(None)
+        captured[label] = capture.launches
+    kernels = {label: [getattr(kernel, "__name__", "") for kernel, *_ in launches]
+               for label, launches in captured.items()}
+    assert {"_ring_kernel", "_wait_kernel", "_merge_cpu_part_kernel"} <= set(kernels["sparse"]), kernels
+    assert not {"_ring_kernel", "_wait_kernel", "_merge_cpu_part_kernel", "_score_blocks_kernel"} & set(
+        kernels["exact"]) and len(kernels["exact"]) <= 5, kernels
+    picked = []
+    for step, rows in enumerate((CAPTURE_BS, CAPTURE_BS, 3)):
+        label = variants.select(step_batch(graph, rows, step))  # before the replay's planning, as the runner does
+        picked.append(label)
+        fb = step_batch(eager, rows, step)
+        expected = eager_attention(eager, fb, hidden[step][:rows])
+        live_q, live_k, live_v = module.project_qkv(hidden[step][:rows])
+        for static, live in ((q, live_q), (k, live_k), (v, live_v)):
+            static[:rows] = live
+        padded = step_batch(graph, CAPTURE_BS, step)
+        padded.req_pool_indices[rows:] = 0
+        padded.seq_lens_cpu[rows:] = backend.get_cuda_graph_seq_len_fill_value()
+        view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
+                               req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
+                               seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
+                               out_cache_loc=padded.out_cache_loc[:rows])
+        backend.init_forward_metadata_out_graph(view)
+        assert backend.engine.plan.exact_step == (label == "exact")
+        for kernel, grid, args, kwargs in captured[label]:
+            kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        torch.testing.assert_close(outs[label][:rows], expected, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
+    assert picked == ["sparse", "exact", "exact"]
+    report = backend.report()
+    assert report["decode_steps"] == 3 and backend.last_telemetry.totals().cpu_blocks == 0
+    assert not backend.last_telemetry.cpu_fallbacks, backend.last_telemetry.cpu_fallbacks
+    backend.engine.close()
+    eager.backend.engine.close()
+
+
+def test_the_graph_variants_are_installed_for_one_resident_first_backend(monkeypatch):
+    """The runner's create_attention_graph_variants gets scout's variants through the plugin's hook where one
+    backend of the process serves resident-first with the exact path; a model's own variants, no such backend or
+    two of them keep SGLang's answer."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    assert any(hook is graph_variants.install_variants for _, hook, _ in HookRegistry._hooks[graph_variants.TARGET])
+    serving = SimpleNamespace(engine=SimpleNamespace(pool=object(), exact_path=True))
+    other = SimpleNamespace(engine=SimpleNamespace(pool=None, exact_path=True))
+    for live, installed in (([serving], True), ([other], False), ([serving, serving], False), ([], False)):
+        monkeypatch.setattr(plugin, "LIVE_BACKENDS", live)
+        variants = graph_variants.install_variants(None, None)
+        assert (variants is not None and variants.backend is serving) == installed, live
+    assert graph_variants.install_variants("dsa variants", None) is None  # the model's own: kept
 
 
 def test_capture_batches_beyond_the_request_slots_are_refused():

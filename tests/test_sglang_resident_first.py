@@ -74,6 +74,7 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     assert alone == stock[:1] and pair == stock and again == stock[1:]  # exact at 1 and 2 requests
     assert together == stock  # prefilled together, layer by layer: neither is shrunk by the other's prefill
     assert exact["cpu_blocks"] == start["cpu_blocks"] == 0 and exact["resident_pool"]["recent_exact_share"] == 1.0
+    assert exact["resident_pool"]["recent_exact_path_share"] > 0.5  # each request's steps after its first: no selection
     assert exact["resident_pool"]["pages"] == 128 and exact["resident_pool"]["sized_by"] == "SCOUT_RESIDENT_POOL_BLOCKS"
     # full load: sparse (a CPU part, quotas shrunk), every request complete, none failed
     assert all(len(tokens) == NEW_TOKENS for tokens in loaded)
@@ -87,6 +88,6 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     assert sorted(r["prompt_tokens"] for r in recent[-17:-1]) == [len(prompt) for prompt in full]
     runs = {r["prompt_tokens"]: r["quota_runs"] for r in recent[-17:-1]}
     quotas = [runs[len(prompt)] for prompt in full]
-    assert all(sum(steps for _, steps in r) == NEW_TOKENS - 1 for r in quotas), quotas
+    assert all(sum(run[1] for run in r) == NEW_TOKENS - 1 for r in quotas), quotas  # [quota, steps(, dip)]
     replayed, _, _ = reference_outputs(model_dir, SCOUT_ENV, full, NEW_TOKENS, quota_runs=quotas)
     assert loaded == replayed

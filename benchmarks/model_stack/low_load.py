@@ -5,8 +5,9 @@ nothing at).
 At each context and batch full attention fits on the device, both run on the same stack of
 `--equal-batch-layers` layers; scout's pool is sized as a server sizes it (memory_report.resident_pool_size) from
 the K/V budget a stock server would have on this device (85% of its free memory, less the weights), so every
-request is exact when that budget holds them. The row says the share of requests attended exactly and the step's
-costliest kernels; the ratio is scout's tokens/s over full's (target: at least 0.95). Last, resident-first scout
+request is exact when that budget holds them (and, once its row is filled, every step replays the graph captured
+on the exact path). The row says the share of requests attended exactly, the steps on the exact path and the
+step's costliest kernels; the ratio is scout's tokens/s over full's (target: at least 0.95). Last, resident-first scout
 at the headline's equal-memory shape (the issue's other target: at least 3x full attention's tokens/s there).
 """
 
@@ -112,14 +113,16 @@ def resident_text(part: dict) -> list[str]:
              f"{part.get('layers')} layers of Qwen3-8B's shape; scout with SCOUT_RESIDENT_FIRST=on, its pool sized "
              "as a server sizes it from a stock server's K/V budget on this device. Target: scout's tokens/s at least "
              f"{part.get('target')}x full attention's.", "",
-             "| context | batch | full ms | scout ms | scout / full tokens/s | exact share | CPU ratio | pool pages |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| context | batch | full ms | scout ms | scout / full tokens/s | exact share | exact-path steps | CPU ratio "
+             "| pool pages |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     rows = part.get("rows", [])
     for key, ratio in part.get("scout_over_full", {}).items():
         context, batch = (int(x) for x in key.split("x"))
         pick = {r["mode"]: r for r in rows if (r.get("context"), r.get("batch")) == (context, batch) and "mode" in r}
         scout, full = pick.get("scout", {}), pick.get("full", {})
         lines.append(f"| {context} | {batch} | {full.get('step_ms')} | {scout.get('step_ms')} | {ratio} "
-                     f"| {(scout.get('resident') or {}).get('exact_share', '-')} | {scout.get('cpu_ratio', '-')} "
+                     f"| {(scout.get('resident') or {}).get('exact_share', '-')} "
+                     f"| {(scout.get('resident') or {}).get('exact_path_steps', '-')} | {scout.get('cpu_ratio', '-')} "
                      f"| {(scout.get('pool') or {}).get('pages', '-')} |")
     return lines + [""]

@@ -73,6 +73,7 @@ class StackRun:
         synchronize(self.device)
         self.prefill_s = time.perf_counter() - started
         self.graph = None
+        self.graphs = {}  # exact path (resident-first) -> its captured step, as SGLang captures scout's variants
 
     def _next_inputs(self) -> None:
         """A step's inputs into the static buffers (outside a captured graph): the workload's attention inputs,
@@ -87,29 +88,45 @@ class StackRun:
 
     def capture(self) -> bool:
         """Capture the whole step (the model and every engine call) in one CUDA graph, with a plan of padding rows
-        as SGLang captures; False where there is no GPU (the steps then run eagerly)."""
+        as SGLang captures; with resident-first a second one on the exact path (the first captured, as SGLang
+        captures scout's variants: sglang_adapter/graph_variants.py); False where there is no GPU (the steps then
+        run eagerly)."""
         if self.device.type != "cuda":
             return False
-        self.engine.begin_step([], rows=self.batch)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(stream):
-            self._step_body()  # warm-up: Triton compiles, the engine's layer programs record
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph):
-            self._step_body()
-        self.engine.end_step(read=False)
+        engine = self.engine
+        for exact in (True, False) if engine.pool is not None and engine.exact_path else (False,):
+            engine.begin_step([], rows=self.batch, exact_step=exact)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), torch.cuda.stream(stream):
+                self._step_body()  # warm-up: Triton compiles, the engine's layer programs record
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graphs[exact] = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(self.graphs[exact]):
+                self._step_body()
+            engine.end_step(read=False)
+        self.graph = self.graphs[False]
         return True
+
+    def begin(self):
+        """Plan the next step of every request -> the captured graph to replay (None: run it eagerly): the exact
+        path's where it was captured and the engine says the step takes it, as SGLang's runner picks."""
+        rids = list(range(self.batch))
+        if self.graph is None:
+            self.engine.begin_step(rids, rows=self.batch)
+            return None
+        exact = True in self.graphs and self.engine.exact_step_ready(rids)
+        self.engine.begin_step(rids, rows=self.batch, exact_step=exact)
+        return self.graphs[exact]
 
     def step(self) -> float:
         """One timed decode step (graph-replayed when captured) -> seconds."""
         self._next_inputs()
         synchronize(self.device)
         start = time.perf_counter()
-        self.engine.begin_step(list(range(self.batch)), rows=self.batch)
-        if self.graph is not None:
-            self.graph.replay()
+        graph = self.begin()
+        if graph is not None:
+            graph.replay()
         else:
             with torch.no_grad():
                 self._step_body()
@@ -155,7 +172,7 @@ class StackRun:
         pool = self.engine.resident_pool_state()
         if pool is not None and telemetry is not None:  # resident-first: the share of requests attended exactly
             row["resident"] = dict(pool, exact_share=round(telemetry.exact_requests / max(1, telemetry.decoded_tokens),
-                                                           4))
+                                                           4), exact_path_steps=telemetry.exact_path_steps)
         if split is not None and totals is not None:  # the CPU split's shares beside the step time
             listed = totals.cpu_blocks + totals.zero_copy_blocks
             row["split"] = dict(zero_copy_share=round(totals.zero_copy_blocks / listed, 4) if listed else 0.0,
@@ -172,5 +189,6 @@ class StackRun:
     def close(self) -> None:
         self.engine.close()
         self.engine = self.stack = self.workload = self.graph = None
+        self.graphs = {}
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -38,7 +38,7 @@ from scout_sglang.core.device_tables import DeviceTable, StepTables
 from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.recall_budget import RecallBudget
-from scout_sglang.core.resident_pool import compact_rows
+from scout_sglang.core.pool_rebalance import pool_quotas, rebalance
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_buffers import StepBuffers
 from scout_sglang.core.step_plan import (
@@ -124,6 +124,7 @@ class CoAttentionEngine:
         self.block_size = config.block_size
         self.track_changes = track_changes
         self.replay_launches = replay_launches
+        self.exact_path = True  # resident-first: steps whose every request is exact and settled skip the selection
         self.fixed_widths = self.device.type == "cuda" if fixed_widths is None else fixed_widths
         offloaded = config.mode in RESIDENT_MODES + CPU_MODES
         self.offloaded_layers = tuple(l for l in range(shape.num_layers) if offloaded and l not in config.dense_layers)
@@ -273,41 +274,20 @@ class CoAttentionEngine:
                            (limit + config.sink_blocks + config.local_blocks) * self.block_size, self.block_size)
         return limit
 
-    def _rebalance_pool(self, tokens: dict[int, int] | None = None) -> None:
-        """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
-        the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
-        are compacted (the blocks of the last selection kept, best first) and their pages go back; then the
-        growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
-        that stops fitting before its first step starts from an empty row, as any sparse request does."""
-        pool, store, tokens = self.pool, self.offloaded, tokens or {}
-        forced = self.config.sink_blocks + self.config.local_blocks
-        # A request whose chunk is being stored counts at its end: SGLang stores a batch's chunks layer by layer,
-        # so the others of its batch are mid-chunk when one of them is rebalanced.
-        needed = {rid: max(0, tokens.get(rid, max(state.num_tokens, state.filling_to)) // self.block_size - forced)
-                  for rid, state in self.requests.items()}
-        quotas = pool.plan(needed, {rid: state.steps for rid, state in self.requests.items()} if pool.replayed
-                           else None)
-        shrinking = [(rid, quota) for rid, quota in quotas.items() if quota < pool.quota(rid)]
-        if shrinking:  # one set of ops per layer for all of them
-            slots = [self.requests[rid].slot for rid, _ in shrinking]
-            pages = store.resident_page_table[slots].to(self.device, non_blocking=True)
-            for layer in self.offloaded_layers:
-                compact_rows(store.resident_map[layer], slots, [quota for _, quota in shrinking], pages,
-                             self.previous[layer], store.dev_k[layer], store.dev_v[layer], max_blocks=self.max_blocks,
-                             brake_state=store.recall_state.get(layer))
-            for (rid, quota), slot in zip(shrinking, slots):
-                pool.shrink(rid, slot, quota)
-        for rid, quota in quotas.items():
-            slot = self.requests[rid].slot
-            pool.grow(rid, slot, quota)
-            exact = quota >= needed[rid]
-            if exact and not pool.exact.get(rid, False):
-                for layer in self.offloaded_layers:
-                    store.resident_ready[layer][slot] = 0
-            elif not exact and pool.exact.get(rid, False) and self.requests[rid].steps == 0:
-                for layer in self.offloaded_layers:  # what its prefill wrote is dropped: its first fill picks by score
-                    store.resident_map[layer][slot] = PAD_BLOCK
-            pool.exact[rid] = exact
+    def _rebalance_pool(self, tokens: dict[int, int] | None = None, *, dips: bool = False) -> None:
+        """Resident-first: every admitted request's quota of the pool, and what its change does (pool_rebalance.py)."""
+        rebalance(self, tokens or {}, dips=dips)
+
+    def exact_step_ready(self, rids: list[int]) -> bool:
+        """Whether a step of these requests, planned now, runs the exact path (every request exact and settled:
+        resident_pool.py): what the step's plan will say, without planning it (SGLang's graph runner picks the
+        captured graph before the plan). O(admitted requests), host counts only."""
+        if self.pool is None or not self.exact_path or not rids:
+            return False
+        if any(rid not in self.requests or rid not in self.pool.settled for rid in rids):
+            return False
+        needed, quotas = pool_quotas(self, {rid: self.requests[rid].num_tokens + 1 for rid in rids})
+        return all(quotas[rid] >= needed[rid] for rid in rids)
 
     def _decode_workspace(self, window: int) -> torch.Tensor | None:
         """The Triton decode's split partials, one static buffer for every layer (None where torch decodes)."""
@@ -379,6 +359,8 @@ class CoAttentionEngine:
         self.requests[rid] = state
         if self.pool is not None:  # its floor, from the others' shares
             self._rebalance_pool()
+            if self.pool.exact[rid]:  # its row holds every block it has (none): its prefill keeps it so while exact
+                self.pool.settled.add(rid)
 
     def assign_pages(self, rid: int, first_block: int, pages: list[int]) -> None:
         """Blocks first_block, first_block + 1, ... of `rid` live in `pages`, in every store whose pages the caller
@@ -434,6 +416,8 @@ class CoAttentionEngine:
         for layer in self.offloaded_layers:
             self.offloaded.fill_window_from_host(layer, rid, num_tokens)
         state.num_tokens = num_tokens
+        if self.pool is not None and num_tokens // self.block_size > self.config.sink_blocks + self.config.local_blocks:
+            self.pool.settled.discard(rid)  # the prefix's blocks outside the window: in its row at its first fill
 
     def release_request(self, rid: int) -> None:
         """Free every host and device page of a request (finish, abort, retraction)."""
@@ -443,6 +427,8 @@ class CoAttentionEngine:
         self.full_store.release(rid, state.slot)
         if self.pool is not None:
             self.pool.finish(rid)
+            self.pool.settled.discard(rid)
+            self.pool.unselected.discard(rid)
         if self.offloaded_layers:
             self.offloaded.release(rid, state.slot)
         self._free_slots.append(state.slot)
@@ -584,6 +570,7 @@ class CoAttentionEngine:
                          "out of its window; its row is filled at its first step instead", rid, self.pool.quota(rid),
                          blocks[-1])
             self.pool.exact[rid] = False  # the next rebalance makes it exact again, and its first fill takes them all
+            self.pool.settled.discard(rid)
             return
         pages = self.pool.table[slot, columns].long().to(self.device)
         store.dev_k[layer][pages] = torch.cat(parts_k)
@@ -611,8 +598,8 @@ class CoAttentionEngine:
         return k, v
 
     # -- one decode step: plan ---------------------------------------------------
-    def begin_step(self, rids: list[int], *, rows: int | None = None,
-                   token_slots: torch.Tensor | None = None) -> StepPlan:
+    def begin_step(self, rids: list[int], *, rows: int | None = None, token_slots: torch.Tensor | None = None,
+                   exact_step: bool | None = None) -> StepPlan:
         """Plan the step of these requests (pages, metadata); returns the plan. Host work of O(batch): nothing
         here reads a device value or copies a page table.
 
@@ -620,8 +607,14 @@ class CoAttentionEngine:
             padding (default: one per request)
         token_slots : [>= rows] int64 on the device, where the caller's allocator put each row's token (SGLang's
             out_cache_loc), for stores whose pages the caller assigns: a block a token starts that the host was
-            not given a page for gets page token_slot // block_size, on the device (device_tables.py)"""
+            not given a page for gets page token_slot // block_size, on the device (device_tables.py)
+        exact_step : resident-first: run the step on the exact path (every request exact and settled; a step of
+            padding rows only may: a captured graph's) or not; None: the engine decides (exact_step_ready). A
+            captured graph's caller names the path its graph was captured for."""
         rows = len(rids) if rows is None else rows
+        if exact_step and rids and not self.exact_step_ready(rids):
+            raise ValueError(f"a step of requests {rids} cannot run the exact path: not every one is exact and "
+                             "settled (exact_step_ready)")
         if rows < len(rids) or rows > self.max_requests:
             raise ValueError(f"a step of {len(rids)} requests cannot run {rows} rows (max_requests "
                              f"{self.max_requests})")
@@ -635,6 +628,8 @@ class CoAttentionEngine:
             if self.offloaded_layers:
                 self.offloaded.ensure_full_blocks(state.rid, state.slot, after // self.block_size)
         if self.pool is not None:
+            if self.pool.replayed and self.pool.dips_due({s.rid: s.steps for s in self._batch}):
+                self._rebalance_pool(dips=True)  # the recorded dip first, at the tokens it happened at
             self._rebalance_pool({state.rid: state.num_tokens + 1 for state in self._batch})
             for state in self._batch:
                 self.pool.record(state.rid, state.num_tokens - state.steps)
@@ -648,11 +643,17 @@ class CoAttentionEngine:
         idle = not bypass and self.handoff is not None and self.pool is not None and bool(rids) and \
             all(self.pool.exact.get(rid, False) for rid in rids)
         self.plan = self._build_plan(rows, bypass or idle, token_slots)
+        settled = self.pool is not None and self.exact_path and bool(rids) and all(
+            rid in self.pool.settled and self.pool.exact[rid] for rid in rids)  # what exact_step_ready foresaw
+        if exact_step and rids and not settled:  # exact_step_ready said otherwise a moment ago: a bug
+            raise RuntimeError(f"requests {rids} stopped being exact and settled while their step was planned")
+        self.plan.exact_step = bool(settled if exact_step is None else exact_step)
         if self.handoff is not None:
             self.handoff.begin_step(self._seq, bypass or idle)
         if self.telemetry is None:  # else it accumulates the steps not read yet (end_step(read=False))
             self.telemetry = StepTelemetry(self._step_index, len(rids))
         self.telemetry.worker_free_steps += idle
+        self.telemetry.exact_path_steps += self.plan.exact_step and bool(rids)
         if self.pool is not None:
             self.telemetry.exact_requests += sum(self.pool.exact[rid] for rid in rids)
             self.telemetry.pool_pages_used = self.pool.pages.num_used
@@ -726,9 +727,10 @@ class CoAttentionEngine:
 
     # -- one decode step: run, per layer -------------------------------------------
     def wants_prediction(self, layer: int) -> bool:
-        """Whether attend(layer) can use a query predicted one layer ahead."""
+        """Whether attend(layer) can use a query predicted one layer ahead (never in a step on the exact path:
+        it selects nothing, so the caller need not compute the prediction)."""
         return (self.config.layer_ahead and self.config.mode in RESIDENT_MODES and layer >= 1
-                and layer in self.offloaded_layers)
+                and layer in self.offloaded_layers and not (self.plan is not None and self.plan.exact_step))
 
     def predict(self, layer: int, q_pred: torch.Tensor) -> None:
         """Layer-ahead work of `layer` from its predicted query [rows, Hq, D] (Algorithm 1).
@@ -751,6 +753,11 @@ class CoAttentionEngine:
             self.stages.attend_full(layer, q, k_new, v_new, out, selects=selects)
             if self.trace is not None:
                 self.trace.record(full_layer_decision(self, layer, selects))
+            return out
+        if self.plan.exact_step:  # every row exact and settled: append, admit, list, decode
+            self.stages.attend_exact(layer, q, k_new, v_new, out, trace=self.trace)
+            if self.trace is not None:
+                self.trace.record(offloaded_layer_decision(self, layer))
             return out
         if layer not in self._predicted:  # nothing launched ahead: the front with the real query, same layer
             self.stages.front(layer, q, trace=self.trace)
@@ -778,6 +785,10 @@ class CoAttentionEngine:
         for state in self._batch:
             state.num_tokens += 1
             state.steps += 1
+            if self.pool is not None and self.pool.exact.get(state.rid, False):
+                self.pool.settled.add(state.rid)  # its row holds every block: filled by this step
+            elif self.pool is not None:
+                self.pool.unselected.discard(state.rid)  # a sparse step: its last selection is current
         if self._batch:  # a step of padding rows only (a graph's capture) decodes nothing
             self.telemetry.steps += 1
             self.telemetry.decoded_tokens += len(self._batch)
@@ -815,8 +826,9 @@ class CoAttentionEngine:
                                            rows=telemetry.decoded_tokens * self.shape.num_kv_heads,
                                            steps=telemetry.steps, window_s=stats.cpu_window_s,
                                            wait_s=stats.cpu_wait_s, zero_copy_s=stats.zero_copy_s)
+            device_only = telemetry.worker_free_steps - telemetry.exact_path_steps  # the exact path has no CPU part
             for cause, count in self.handoff.record_outcomes(outcomes, rids or [],
-                                                              planned_device_only=telemetry.worker_free_steps).items():
+                                                              planned_device_only=device_only).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
             bad = [layer for layer in self.handoff.layers if counters[layer][BAD_PAGES]]
             if bad:  # an error path: the page check's finds are named from the device's lists

@@ -45,6 +45,7 @@ from scout_sglang.kernels.stage_append import append_token
 from scout_sglang.kernels.stage_recall import bring_in
 from scout_sglang.kernels.stage_select import select_blocks
 from scout_sglang.kernels.stage_split import split_lists
+from scout_sglang.layout import PAD_BLOCK
 
 RESIDENT_MODES = ("scout", "infinigen")
 # Programs of the CPU split's zero-copy decode, each walking (row, KV head) lists in turn: its reads wait on PCIe,
@@ -76,6 +77,11 @@ class LayerStages:
         # The Triton path replays each layer's recorded launches (launch_program.py); the torch path runs its ops.
         triton = self.stage_impl == "triton" or (self.on_cuda and self.stage_impl is None)
         self.programs = LaunchPrograms() if triton and engine.replay_launches else None
+        if self.resident and engine.pool is not None:  # the exact path's split: an empty selection, no CPU part
+            self.no_selection = torch.full((engine.max_requests, self.shape.num_kv_heads, 1), PAD_BLOCK,
+                                           dtype=torch.int32, device=engine.device)
+            self.no_counts = torch.zeros(engine.max_requests, self.shape.num_kv_heads, dtype=torch.int32,
+                                         device=engine.device)
         if self.splits and self.on_cuda:  # the zero-copy share's stream, and its end per layer parity
             self.side_stream = torch.cuda.Stream(device=engine.device)
             self.zero_copy_done = [blocking_event(), blocking_event()]  # waited on by the device, never the host
@@ -215,6 +221,30 @@ class LayerStages:
         else:
             self.programs.run("merge", self._step_key(layer), lambda q, out: self._merge(layer, q, out), q=q, out=out)
 
+    def attend_exact(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                     out: torch.Tensor, *, trace=None) -> None:
+        """Resident-first's exact path, for a step whose every row is exact and settled (its resident row holds
+        every block outside its window): admit the block leaving the window, list the row's and the window's
+        pages, append, decode -> out [rows, Hq, D]. Dense attention's work: no score, selection, CPU part, merge
+        or recall."""
+        if self.programs is None or trace is not None:
+            self._exact(layer, q, k_new, v_new, out, trace=trace)
+        else:
+            self.programs.run("exact", self._step_key(layer),
+                              lambda q, k, v, out: self._exact(layer, q, k, v, out), q=q, k=k_new, v=v_new, out=out)
+
+    def _exact(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor, *,
+               trace=None) -> None:
+        plan, chosen, rows = self.engine.plan, self.buffers.of(layer), self.engine.plan.rows
+        self._bring_in(layer, None, admit=True, selection=(self.no_selection[:rows], self.no_counts[:rows]))
+        if trace is not None:  # tests: the rows after admission, for the oracle
+            trace.resident_start[layer] = self.offloaded.resident_map[layer][plan.slots_long].tolist()
+        split_lists(self.no_selection[:rows], self.no_counts[:rows], forced_blocks=plan.forced_blocks,
+                    window_pages=plan.window_pages, out_device_pages=self._device_pages(layer),
+                    out_device_counts=chosen.device_counts[:rows], resident=self._resident_rows(layer),
+                    slots=plan.slots, resident_pages=plan.resident_pages, impl=self.stage_impl, validate=False)
+        self.device_part(layer, q, k_new, v_new, out)
+
     def _attend_device(self, layer: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                        out: torch.Tensor, merges: bool) -> None:
         o = self.buffers.o[: self.engine.plan.rows] if merges else out  # merged later: the device part's own (o, lse)
@@ -270,8 +300,12 @@ class LayerStages:
         plan, rows = self.engine.plan, self.engine.plan.rows
         self._bring_in(layer, self.buffers.of(layer).scores[:rows, :, : plan.host_table.shape[1]], recall="cpu")
 
-    def _bring_in(self, layer: int, scores: torch.Tensor, *, admit=False, fill=False, recall=None) -> None:
+    def _bring_in(self, layer: int, scores: torch.Tensor, *, admit=False, fill=False, recall=None,
+                  selection=None) -> None:
+        """The resident stage's phases; selection: (selected, counts) in place of the layer's (the exact path's
+        empty one: a narrow row for the stage to read)."""
         plan, store, chosen, rows = self.engine.plan, self.offloaded, self.buffers.of(layer), self.engine.plan.rows
+        selected, counts = selection or (chosen.selected[:rows], chosen.counts[:rows])
         cpu = recall == "cpu"
         state = store.recall_state.get(layer)
         if state is not None:  # its FRESH words: one per resident column of the step
@@ -281,7 +315,7 @@ class LayerStages:
                             max_backoff=self.config.recall_max_backoff) if cpu else None
         bring_in(self._resident_rows(layer), plan.slots, resident_pages=plan.resident_pages, host_table=plan.host_table,
                  host_k=store.host_k[layer], host_v=store.host_v[layer], dev_k=store.dev_k[layer],
-                 dev_v=store.dev_v[layer], selected=chosen.selected[:rows], counts=chosen.counts[:rows],
+                 dev_v=store.dev_v[layer], selected=selected, counts=counts,
                  num_full=plan.num_full, forced_blocks=plan.forced_blocks,
                  quota=plan.recall_cap if cpu else plan.recall_quota, admit=admit,
                  leaving_block=plan.leaving_block, leaving_page=plan.leaving_page, fill=fill,

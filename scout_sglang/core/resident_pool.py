@@ -19,16 +19,22 @@ attends every block, as full attention does, and its CPU list is empty. When
 the batch grows and the quota falls below its blocks, the request goes back to
 the budget's top-k with its resident row as the cache: the row is compacted
 first, per layer and KV head, keeping the blocks of its last selection best
-first (the lowest-scoring go first, unselected ones before any selected), and
-the pages past the new quota return to the pool. That copy happens between
-steps, on the device; nothing else waits.
+first (the lowest-scoring go first, unselected ones before any selected; a row
+exact since its last sparse step keeps its newest blocks), and the pages past
+the new quota return to the pool. That copy happens between steps, on the
+device; nothing else waits.
+
+A step whose every request is exact and settled (`settled`: its row holds every
+block, filled by a step or written by its prefill) runs the exact path
+(core/layer_stages.attend_exact): no selection, no CPU part.
 
 Host work per step is O(requests): the quotas are sums of host counts, and a
 quota change moves its columns to the device table like any page-table change
 (device_tables.py).
 
 Each request's quotas, step by step, are kept as runs [quota, steps] while it
-runs, and of the last RECENT_REQUESTS that finished (`recent`, on the server's
+runs (a shrink and a regrowth between two steps as [quota, steps, low]), and of
+the last RECENT_REQUESTS that finished (`recent`, on the server's
 /server_info): what a reference decoder replays (`replayed`: rid -> runs, in
 place of the water-fill) to decode one request alone as the server decoded it
 among others.
@@ -95,35 +101,54 @@ class ResidentPool(SlotPageTable):
             raise ValueError(f"the resident pool holds {num_pages} pages, fewer than max_requests x resident_blocks "
                              f"({max_requests} x {floor}): every admitted request keeps resident_blocks")
         self.exact: dict[int, bool] = {}  # rid -> attended over all its blocks
+        # exact requests whose rows hold every block: a step ran with them exact (its fill took them all), or they
+        # were exact since admission and their prefill wrote each block it moved out of the window
+        self.settled: set[int] = set()
+        self.unselected: set[int] = set()  # requests exact since their last sparse step (their selection is stale)
         self.evicted_columns = 0  # resident columns given back by quota shrinkage (each: a block per layer and head)
         self.runs: dict[int, dict] = {}  # rid -> {"prompt_tokens", "quota_runs": [[quota, steps], ...]} while it runs
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)  # the same, of the last requests that finished
         self.replayed: dict[int, list[list[int]]] = {}  # rid -> quota runs that replace its water-filled share
+        self.low: dict[int, int] = {}  # rid -> the lowest quota it had since its last step (a dip, when regrown)
 
     def quota(self, rid: int) -> int:
         return self.pages.count(rid)
 
-    def plan(self, needed: dict[int, int], steps: dict[int, int] | None = None) -> dict[int, int]:
+    def plan(self, needed: dict[int, int], steps: dict[int, int] | None = None, *,
+             dips: bool = False) -> dict[int, int]:
         """New quotas of the requests in `needed` (rid -> blocks outside its window): every admitted request; a
-        replayed one (steps: rid -> its decode steps so far) gets its runs' quota at that step."""
+        replayed one (steps: rid -> its decode steps so far) gets its runs' quota at that step (dips: the dip
+        recorded before it, where there is one)."""
         rids = list(needed)
         demands = [min(self.width, max(self.floor, needed[rid])) for rid in rids]
         quotas = dict(zip(rids, water_fill(demands, self.pages.num_pages)))
         for rid in self.replayed.keys() & quotas.keys():
-            quotas[rid] = min(self.width, quota_at(self.replayed[rid], (steps or {}).get(rid, 0)))
+            step = (steps or {}).get(rid, 0)
+            dip = dip_at(self.replayed[rid], step) if dips else None
+            quotas[rid] = min(self.width, quota_at(self.replayed[rid], step) if dip is None else dip)
         return quotas
 
+    def dips_due(self, steps: dict[int, int]) -> bool:
+        """Whether a replayed request of `steps` (rid -> its decode steps so far) dipped before this step."""
+        return any(dip_at(self.replayed[rid], step) is not None for rid, step in steps.items() if rid in self.replayed)
+
     def record(self, rid: int, prompt_tokens: int) -> None:
-        """The next decode step of `rid` runs at its quota now."""
-        quota = self.quota(rid)
+        """The next decode step of `rid` runs at its quota now. A quota that fell below it since the last step and
+        grew back (another request came and went between two steps) starts a run [quota, 1, low]: the row was
+        compacted to `low` columns, which a replay repeats. Dips before the first step change nothing a replay
+        sees (the row of a request that stops fitting before its first step is emptied)."""
+        quota, low = self.quota(rid), self.low.pop(rid, None)
         runs = self.runs.setdefault(rid, {"prompt_tokens": prompt_tokens, "quota_runs": []})["quota_runs"]
-        if runs and runs[-1][0] == quota:
+        if runs and low is not None and low < quota:
+            runs.append([quota, 1, low])
+        elif runs and runs[-1][0] == quota:
             runs[-1][1] += 1
         else:
             runs.append([quota, 1])
 
     def finish(self, rid: int) -> None:
         """`rid` leaves: its quota runs go to `recent`."""
+        self.low.pop(rid, None)
         runs = self.runs.pop(rid, None)
         if runs is not None:
             self.recent.append(runs)
@@ -144,6 +169,7 @@ class ResidentPool(SlotPageTable):
         if quota >= have:
             return
         self.pages.release_last(rid, have - quota)
+        self.low[rid] = min(self.low.get(rid, quota), quota)
         self.table[slot, quota:have] = PAD_BLOCK
         self.mark(slot, quota, have)
         self.evicted_columns += have - quota
@@ -155,17 +181,29 @@ class ResidentPool(SlotPageTable):
 
 
 def quota_at(runs: list[list[int]], step: int) -> int:
-    """The quota of decode step `step` in runs [[quota, steps], ...] (past their end: the last quota)."""
-    for quota, count in runs:
+    """The quota of decode step `step` in runs [[quota, steps(, low)], ...] (past their end: the last quota)."""
+    for quota, count, *_ in runs:
         if step < count:
             return quota
         step -= count
     return runs[-1][0]
 
 
+def dip_at(runs: list[list[int]], step: int) -> int | None:
+    """The quota a request dipped to before decode step `step` (a run [quota, steps, low] starting there), or
+    None."""
+    for run in runs:
+        if step == 0:
+            return run[2] if len(run) > 2 else None
+        if step < run[1]:
+            return None
+        step -= run[1]
+    return None
+
+
 def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pages: torch.Tensor,
                  last_selection: torch.Tensor, dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
-                 brake_state: torch.Tensor | None = None) -> None:
+                 brake_state: torch.Tensor | None = None, by_recency: list[bool] | None = None) -> None:
     """Before the quotas of `slots` fall to `keeps` columns: per slot and KV head, move the blocks to keep into
     columns [0, keep) (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last
     selection, best first (its order); then its other held blocks, by column. Device ops on the stream, a fixed
@@ -175,7 +213,9 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     pages before the change; last_selection : [slots, Hkv, K] int32 the layer's last selection by slot (PAD past
     it); dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is
     below); brake_state : the layer's recall brake state, whose judgement of the slots' last recall is dropped
-    (their columns moved)."""
+    (their columns moved); by_recency : per slot, keep its newest blocks instead (the highest block ids; its last
+    selection ignored: a row exact since its last sparse step, whose selection is stale where its steps ran on the
+    exact path, and whose column order depends on how its row was filled)."""
     device = resident.device
     index = torch.tensor(slots, dtype=torch.long, device=device)
     keep = torch.tensor(keeps, dtype=torch.long, device=device).view(-1, 1, 1)
@@ -184,13 +224,19 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     selection = last_selection[index].long()  # [S, Hkv, K]
     topk = selection.shape[2]
     listed = selection != PAD_BLOCK
+    newest = None
+    if by_recency is not None and any(by_recency):
+        newest = torch.tensor(by_recency, dtype=torch.bool, device=device).view(-1, 1, 1)
+        listed &= ~newest
     rank = torch.full((*rows.shape[:2], max_blocks + 1), -1, dtype=torch.long, device=device)  # block -> position
     positions = torch.arange(topk, device=device).expand_as(selection)
     rank.scatter_(2, torch.where(listed, selection, max_blocks), torch.where(listed, positions, -1))
     column = torch.arange(width, device=device).expand_as(rows)
     held = rows != PAD_BLOCK
     position = rank.gather(2, torch.where(held, rows.long(), max_blocks))
-    key = torch.where(held & (position >= 0), position, torch.where(held, topk + column, topk + width + column))
+    rest = column if newest is None else torch.where(newest, max_blocks - rows.long(), column)  # the other blocks
+    key = torch.where(held & (position >= 0), position,
+                      torch.where(held, topk + rest, topk + max_blocks + width + column))
     order = torch.sort(key, dim=2, stable=True).indices  # [S, Hkv, R] source column of each new column
     kept = torch.where(column < keep, rows.gather(2, order), PAD_BLOCK)
     head = torch.arange(num_kv_heads, device=device).view(1, -1, 1)

@@ -56,6 +56,7 @@ class StepPlan:
     last_len: torch.Tensor  # [rows] tokens of the last listed block: the tail, or S when there is none
     last_len_heads: torch.Tensor  # [rows, Hkv] the same per KV head (a stride-0 view), as the decode takes it
     append_offset: torch.Tensor  # [rows] position of the step's token in its block
+    exact_step: bool = False  # resident-first: every request exact and settled; the offloaded layers skip selection
     # offloaded layers (scout, infinigen, hgca); the page tables are the step's rows of the device tables
     host_table: torch.Tensor | None = None  # [rows, NB] host page of each logical block, PAD past the allocated ones
     window_pages: torch.Tensor | None = None  # [rows, W] device pages of the window's blocks

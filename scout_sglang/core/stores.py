@@ -442,6 +442,10 @@ class OffloadedStore:
         for layer in self.layers:
             self.resident_map[layer][slot] = PAD_BLOCK
             self.resident_ready[layer][slot] = 0
+        self.reset_recall_rows(slot)
+
+    def reset_recall_rows(self, slot: int) -> None:
+        """The slot's selection runs and recall brake as a new request's: nothing selected, free to recall."""
         for runs in self.recall_runs.values():
             runs[slot] = NO_RUN
         for state in self.recall_state.values():

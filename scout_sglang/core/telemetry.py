@@ -65,6 +65,7 @@ class StepTelemetry:
     exact_requests: int = 0  # resident-first: requests attended over every block, summed over the steps it covers
     pool_pages_used: int = 0  # resident-first: pages of the resident pool held at its last step (core/resident_pool.py)
     worker_free_steps: int = 0  # resident-first: steps whose requests were all exact, the workers left asleep
+    exact_path_steps: int = 0  # resident-first: of those, the steps whose offloaded layers skipped the selection
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())
@@ -100,6 +101,7 @@ class StepTelemetry:
             "recall_bytes": total.recall_bytes,
             "recall_cap_bytes": self.recall_cap_bytes,
             "exact_requests": self.exact_requests,
+            "exact_path_steps": self.exact_path_steps,
             "pool_pages_used": self.pool_pages_used,
             "withheld_blocks": total.withheld_blocks,
             "backed_off_rows": total.backed_off_rows,

@@ -35,6 +35,7 @@ class LayerDecision:
     cpu_cap: list | None = None  # [B] the CPU split's cap of each row (None: no split)
     quotas: list | None = None  # [B] resident-first: each request's resident columns with a page (None: fixed buffer)
     exact: list | None = None  # [B] resident-first: the request selects every block (its blocks fit its quota)
+    exact_path: bool = False  # resident-first: every row exact and settled, the step selected nothing (the exact path)
 
     @property
     def recalled(self) -> list:
@@ -92,8 +93,8 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
     heads, mode = engine.shape.num_kv_heads, engine.config.mode
     counts_after = [s.num_tokens + 1 for s in batch]
     resident = engine._resident_rows(layer) if mode in ("scout", "infinigen") else None
-    chosen = engine.buffers.of(layer)
-    selected = block_lists(chosen.selected, chosen.counts, len(batch), heads)
+    chosen, exact_path = engine.buffers.of(layer), engine.plan.exact_step
+    selected = None if exact_path else block_lists(chosen.selected, chosen.counts, len(batch), heads)
     device = []
     for b, n in enumerate(counts_after):
         window = engine.offloaded.window_blocks(n)
@@ -105,9 +106,9 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
             rows.append(held + window)
         device.append(rows)
     cpu, zero_copy, caps = block_lists(None, None, len(batch), heads), None, None
-    if engine.handoff is not None:
+    if engine.handoff is not None and not exact_path:
         cpu = block_lists(chosen.cpu_blocks, engine.handoff.counts[layer], len(batch), heads)
-    if chosen.listed_counts is not None:  # the CPU split: the device's share, as the host pages it reads
+    if chosen.listed_counts is not None and not exact_path:  # the CPU split: the device's share, as host pages
         pages = block_lists(chosen.zero_copy_pages, chosen.zero_copy_counts, len(batch), heads)
         table = engine.plan.host_table[: len(batch)].tolist()  # [B][NB] host page of each block
         block_of = [{page: block for block, page in enumerate(row)} for row in table]
@@ -118,4 +119,5 @@ def offloaded_layer_decision(engine, layer: int) -> LayerDecision:
                          selected=selected, device_blocks=device, cpu_blocks=cpu, resident=resident,
                          zero_copy_blocks=zero_copy, cpu_cap=caps,
                          quotas=None if pool is None else [pool.quota(s.rid) for s in batch],
-                         exact=None if pool is None else [pool.exact[s.rid] for s in batch])
+                         exact=None if pool is None else [pool.exact[s.rid] for s in batch], exact_path=exact_path,
+                         resident_after=resident if exact_path else None)

@@ -41,6 +41,7 @@ from scout_sglang.env import (
 from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report, prefix_pages
 from scout_sglang.sglang_adapter.arrival_pages import block_pages, borrowed_host_store, shares_arrival_pool
+from scout_sglang.sglang_adapter.graph_variants import EXACT, SPARSE
 from scout_sglang.sglang_adapter.kv_pool import (LAYOUT_ATTRIBUTE, RESIDENT_POOL_ATTRIBUTE, check_engine_memory,
                                                  plan_engine, pool_layout)
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
@@ -204,6 +205,7 @@ class ScoutAttnBackend:
         self.stats = ServingStats()
         self._predicted: dict[int, torch.Tensor] = {}
         self._graph_step = False  # the planned step is a captured graph's: its host commits it later, unread
+        self._graph_variant = None  # the captured graph graph_variant() picked for the next replay
         self._collected = float("-inf")  # time.monotonic() of the last read of a graph's telemetry
         self._last_rids: list[int] = []
         self._extend_plan: list[tuple[int, int, int, bool]] = []  # (slot, prefix, length, store in the engine)
@@ -252,11 +254,32 @@ class ScoutAttnBackend:
             return
         padded = forward_batch.batch_size
         rows = 0 if in_capture else padded - (getattr(forward_batch, "num_padding", 0) or 0)
-        self._begin_step(forward_batch, rows=rows, padded=padded)
+        # The graph this step replays (graph_variants.py): at capture the label being captured, at replay what
+        # graph_variant() picked; without scout's variants always the selecting path's.
+        from sglang.srt.model_executor.runner_utils.capture_mode import get_capture_attention_variant
+
+        variant = get_capture_attention_variant() if in_capture else self._graph_variant
+        self._graph_variant = None
+        self._begin_step(forward_batch, rows=rows, padded=padded, exact_step=variant == EXACT)
         self._graph_step = True
         if self.predictor is not None:
             self.predictor.active = True
             self.predictor.positions = forward_batch.positions  # the graph's static buffer: every row
+
+    def graph_variant(self, forward_batch) -> str:
+        """The captured decode graph a replay of this batch takes (graph_variants.py), from its host copies: the
+        exact path's where the engine holds every request at its length, none given up, and each is exact and
+        settled (no device read); else the selecting path's. The last replayed step is committed first (its
+        requests hold one more token), as the planning that follows would."""
+        self._finish_graph_step()
+        rows = forward_batch.batch_size
+        rids = _host_list(forward_batch, "req_pool_indices")[:rows]
+        seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
+        requests = self.engine.requests
+        known = all(rid in requests and requests[rid].num_tokens == seq_len - 1 and rid not in self.failures.given_up
+                    for rid, seq_len in zip(rids, seq_lens))
+        self._graph_variant = EXACT if known and self.engine.exact_step_ready(rids) else SPARSE
+        return self._graph_variant
 
     def init_forward_metadata_in_graph(self, forward_batch):
         """Nothing: a step's metadata is the engine's plan, built out of the graph (an inner stock backend
@@ -379,7 +402,8 @@ class ScoutAttnBackend:
         report["cpu_worker"] = self.engine.cpu_worker_state()
         pool = self.engine.resident_pool_state()  # resident-first serving, or None
         report["resident_pool"] = None if pool is None else pool | {
-            "recent_exact_share": self.stats.recent_exact_share(), "sized_by": self._pool_sized_by(),
+            "recent_exact_share": self.stats.recent_exact_share(),
+            "recent_exact_path_share": self.stats.recent_exact_path_share(), "sized_by": self._pool_sized_by(),
             "recent_requests": list(self.engine.pool.recent),  # their quota runs, what a reference decoder replays
             "stock_kv_bytes": (self.pool_sizing or {}).get("stock_kv_bytes")}
         report["cores"] = self.cores.as_report()
@@ -418,9 +442,11 @@ class ScoutAttnBackend:
         if self.metrics is not None:
             self.metrics.update(self.report())
 
-    def _begin_step(self, forward_batch, rows: int | None = None, padded: int | None = None) -> None:
+    def _begin_step(self, forward_batch, rows: int | None = None, padded: int | None = None,
+                    exact_step: bool | None = None) -> None:
         """Plan a decode step of the batch's first `rows` requests, run over `padded` rows (a captured graph's
-        batch size), from the batch's host-side copies (no device read on a GPU)."""
+        batch size), from the batch's host-side copies (no device read on a GPU); exact_step: the path of the
+        captured graph it replays (None: eager, the engine decides)."""
         self._predicted.clear()
         rows = forward_batch.batch_size if rows is None else rows
         rids = _host_list(forward_batch, "req_pool_indices")[:rows]
@@ -457,7 +483,7 @@ class ScoutAttnBackend:
         if self.shares_prefixes:
             self._assign_given_up_blocks(rids)
         self.engine.begin_step(rids, rows=max(rows, padded or 0),
-                               token_slots=forward_batch.out_cache_loc if assigned else None)
+                               token_slots=forward_batch.out_cache_loc if assigned else None, exact_step=exact_step)
         self._last_rids = rids
 
     def _assign_given_up_blocks(self, rids: list[int]) -> None:

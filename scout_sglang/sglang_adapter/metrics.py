@@ -71,6 +71,9 @@ GAUGES = {
                              ("resident_pool", "exact_requests")),
     "scout_recent_exact_share": ("share of the recent steps' decoded tokens attended exactly (resident-first)",
                                  ("resident_pool", "recent_exact_share")),
+    "scout_recent_exact_path_share": ("share of the recent decode steps that ran the exact path: every request "
+                                      "exact and settled, no selection (resident-first)",
+                                      ("resident_pool", "recent_exact_path_share")),
     "scout_resident_evicted_columns": ("resident columns given back by shrinking quotas since start-up "
                                        "(resident-first)", ("resident_pool", "evicted_columns")),
     "scout_predicted_query_cosine": ("mean cosine of predicted and real queries", ("predicted_query_cosine",)),

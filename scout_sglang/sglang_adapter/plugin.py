@@ -8,7 +8,8 @@ SCOUT_LOG_LEVEL (applied to the `scout_sglang` loggers here) stops it the same
 way. This is the one
 module that patches SGLang, written against sglang 0.5.23: a BEFORE hook on
 request release (finish, abort, retraction), an AFTER hook on a running request's checkpoint into the
-radix tree (prefix_pages.py), an AFTER hook that adds the
+radix tree (prefix_pages.py), an AFTER hook that gives the decode graph runner
+scout's two graphs per batch size under resident-first (graph_variants.py), an AFTER hook that adds the
 co-attention statistics to the scheduler's internal state (GET /server_info,
 "internal_states"[i]["scout"], and every tensor-parallel rank's in
 "scout_ranks"), an AFTER hook on the scheduler's release of host
@@ -66,7 +67,7 @@ def register() -> None:
     if version_problem() is None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from scout_sglang.sglang_adapter import guards, kv_pool
+        from scout_sglang.sglang_adapter import graph_variants, guards, kv_pool
 
         HookRegistry.register(kv_pool.TARGET, kv_pool.configure_around, HookType.AROUND)
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
@@ -74,6 +75,7 @@ def register() -> None:
         HookRegistry.register(STATE_TARGET, _add_statistics, HookType.AFTER)
         HookRegistry.register(EXIT_TARGET, _close_backends, HookType.AFTER)
         HookRegistry.register(RUN_BATCH_TARGET, _abort_failed_requests, HookType.AFTER)
+        HookRegistry.register(graph_variants.TARGET, graph_variants.install_variants, HookType.AFTER)
         HookRegistry.register(guards.CHAT_VALIDATE_TARGET, guards.check_chat, HookType.AFTER)
         HookRegistry.register(guards.COMPLETION_VALIDATE_TARGET, guards.check_completion, HookType.AFTER)
         HookRegistry.register(guards.GENERATE_TARGET, guards.check_generate, HookType.AROUND)

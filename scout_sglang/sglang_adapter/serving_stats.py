@@ -139,6 +139,11 @@ class ServingStats:
         totals = self._recent_totals()
         return round(totals["exact_requests"] / totals["decoded_tokens"], 4) if totals["decoded_tokens"] else 0.0
 
+    def recent_exact_path_share(self) -> float:
+        """Resident-first: the share of the recent steps that ran the exact path (every request exact, settled)."""
+        totals = self._recent_totals()
+        return round(totals["exact_path_steps"] / totals["steps"], 4) if totals["steps"] else 0.0
+
     def _recent_totals(self) -> dict:
         totals = dict.fromkeys(_RECENT_FIELDS, 0)
         for entry in self.recent:
@@ -149,12 +154,13 @@ class ServingStats:
 
 _RECENT_FIELDS = ("steps", "cpu_blocks", "budget_blocks", "recall_bytes", "recall_cap_bytes", "withheld_blocks",
                   "backed_off_rows", "recall_rows", "cpu_bytes", "zero_copy_bytes", "cpu_wait_s",
-                  "zero_copy_s", "exact_requests", "decoded_tokens")
+                  "zero_copy_s", "exact_requests", "decoded_tokens", "exact_path_steps")
 
 
 def _recent_entry(telemetry) -> dict:
     total = telemetry.totals()
     entry = {name: getattr(total, name) for name in _RECENT_FIELDS if hasattr(total, name)}
     entry.update(steps=telemetry.steps, recall_cap_bytes=telemetry.recall_cap_bytes,
-                 exact_requests=telemetry.exact_requests, decoded_tokens=telemetry.decoded_tokens)
+                 exact_requests=telemetry.exact_requests, decoded_tokens=telemetry.decoded_tokens,
+                 exact_path_steps=telemetry.exact_path_steps)
     return entry

@@ -48,6 +48,7 @@ class OracleReport:
     zero_copy_blocks: int = 0  # the CPU split's device share
     exact_rows: int = 0  # resident-first: (step, layer, request, head) rows that selected every block
     quota_shrinks: int = 0  # resident-first: (layer, request, head) rows compacted to a smaller quota
+    exact_path_rows: int = 0  # resident-first: (step, layer, request, head) rows of steps on the exact path
     by_mode: Counter = field(default_factory=Counter)
 
 
@@ -99,13 +100,15 @@ class Oracle:
         # resident-first (core/resident_pool.py): per (rid, layer, head) the quota and exactness last seen, and the
         # last selection (what a shrinking quota keeps first)
         self.quota, self.exact, self.last_selected = {}, {}, {}
+        self.unselected = set()  # rows exact since their last sparse step: a shrink keeps their newest blocks
         self.report = OracleReport()
 
     def check(self, decisions, outputs) -> OracleReport:
         c, heads = self.config, range(self.shape.num_kv_heads)
         for decision in decisions:
             s, layer = decision.step, decision.layer
-            assert bool(self.driver.was_predicted[s, layer]) == expects_prediction(c, layer), (
+            predicts = expects_prediction(c, layer) and not decision.exact_path  # the exact path selects nothing
+            assert bool(self.driver.was_predicted[s, layer]) == predicts, (
                 f"step {s} layer {layer}: the engine asked for a prediction where the mode says otherwise")
             assert decision.offloaded == expects_offloaded(c, layer), f"layer {layer}: wrong store"
             self.report.predicted_layers += int(self.driver.was_predicted[s, layer])
@@ -149,7 +152,10 @@ class Oracle:
         selected = [] if decision.selected is None else decision.selected[b][h]
         exact = decision.exact is not None and decision.exact[b]  # resident-first: every block selected
         self.report.exact_rows += int(exact)
-        if num_full:
+        if decision.exact_path:  # every row exact and settled: nothing selected, every block on the device
+            assert exact and decision.selected is None, f"{where}: the exact path for a row that is not exact"
+            self.report.exact_path_rows += 1
+        elif num_full:
             assert decision.selected is not None, f"{where}: {num_full} full blocks but no selection"
             check_topk(selected, scores, num_full, c, where, topk=num_full if exact else None)
         else:
@@ -159,6 +165,8 @@ class Oracle:
             resident = [j for j in resident if j in set(selected)]
         device, cpu = decision.device_blocks[b][h], decision.cpu_blocks[b][h]
         assert sorted(device) == sorted(resident + window), f"{where}: device blocks {device}, expected {resident + window}"
+        if decision.exact_path:
+            assert sorted(device) == list(range(-(-n // c.block_size))), f"{where}: exact path attends {device}"
         if c.mode in ("scout", "hgca"):
             expected_cpu = policy.cpu_list(selected, set(device), c.cpu_capacity)
             if decision.cpu_cap is not None:  # the CPU split: the workers' share first, the device's the rest
@@ -191,14 +199,20 @@ class Oracle:
         prefilled = max(0, (n - 1) // c.block_size - c.sink_blocks - c.local_blocks) if exact else 0
         first_row = [c.sink_blocks + i for i in range(prefilled)] + [policy.EMPTY] * (capacity - prefilled)
         before = self.resident.get(key, first_row)
-        if quota < self.quota.get(key, quota):
-            before = policy.compact(before, self.last_selected.get(key, []), quota)
+        was_exact = self.exact.get(key, False)
+        if quota < self.quota.get(key, quota):  # a row exact since its last sparse step keeps its newest blocks
+            before = policy.compact(before, self.last_selected.get(key, []), quota, newest=key in self.unselected)
             self.report.quota_shrinks += 1
             if key in self.brakes:  # its columns moved: the last recall is not judged
                 self.brakes[key].fresh = set()
-        if exact and not self.exact.get(key, False):
+        if exact and not was_exact:
             self.filled.discard(key)
+        if was_exact and not exact:  # sparse again: its selection runs and brake start afresh, its row is filled
+            self.runs.pop(key, None)
+            self.brakes.pop(key, None)
+            self.filled.add(key)
         self.quota[key], self.exact[key] = quota, exact
+        (self.unselected.add if exact else self.unselected.discard)(key)
         if selected:
             self.last_selected[key] = selected
         assert all(j == policy.EMPTY for j in before[quota:]), f"{where}: blocks past the quota {quota}: {before}"

@@ -1,0 +1,71 @@
+"""Resident-first: each admitted request's quota of the pool, re-planned when the requests or their lengths change,
+and what a quota's change does to the request's resident rows (core/resident_pool.py says why).
+
+Called by the engine at admission, at each prefill chunk (its first offloaded layer) and before each step. Host
+counts only; a shrinking quota's compaction is a fixed number of device ops per layer, between steps.
+"""
+
+from __future__ import annotations
+
+from scout_sglang.core.resident_pool import compact_rows
+from scout_sglang.layout import PAD_BLOCK
+
+
+def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
+    """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
+    the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
+    are compacted (the blocks of the last selection kept, best first; a row exact since its last sparse step: its
+    newest) and their pages go back; then the
+    growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
+    that stops fitting before its first step starts from an empty row, as any sparse request does. dips: a
+    replay's quotas before a step whose run recorded a dip (resident_pool.ResidentPool.record)."""
+    pool, store = engine.pool, engine.offloaded
+    needed, quotas = pool_quotas(engine, tokens, dips=dips)
+    shrinking = [(rid, quota) for rid, quota in quotas.items() if quota < pool.quota(rid)]
+    if shrinking:  # one set of ops per layer for all of them
+        slots = [engine.requests[rid].slot for rid, _ in shrinking]
+        pages = store.resident_page_table[slots].to(engine.device, non_blocking=True)
+        # A row exact since its last sparse step keeps its newest blocks: its last selection is stale wherever
+        # its steps ran on the exact path, which depends on its batch, and its column order on how it was
+        # filled (a replay alone must compact it alike).
+        by_recency = [rid in pool.unselected for rid, _ in shrinking]
+        for layer in engine.offloaded_layers:
+            compact_rows(store.resident_map[layer], slots, [quota for _, quota in shrinking], pages,
+                         engine.previous[layer], store.dev_k[layer], store.dev_v[layer],
+                         max_blocks=engine.max_blocks, brake_state=store.recall_state.get(layer), by_recency=by_recency)
+        for (rid, quota), slot in zip(shrinking, slots):
+            pool.shrink(rid, slot, quota)
+    for rid, quota in quotas.items():
+        slot = engine.requests[rid].slot
+        pool.grow(rid, slot, quota)
+        exact = quota >= needed[rid]
+        if exact != pool.exact.get(rid, False):
+            pool.settled.discard(rid)
+        if exact and not pool.exact.get(rid, False):
+            for layer in engine.offloaded_layers:
+                store.resident_ready[layer][slot] = 0
+        elif not exact and pool.exact.get(rid, False):
+            # Sparse again: its selection runs and recall brake start afresh and its row counts as filled,
+            # whatever path its exact steps took (the exact path fills nothing and keeps no runs).
+            store.reset_recall_rows(slot)
+            started = engine.requests[rid].steps > 0
+            for layer in engine.offloaded_layers:
+                store.resident_ready[layer][slot] = int(started)
+                if not started:  # its prefill's blocks are dropped: its first fill picks by score
+                    store.resident_map[layer][slot] = PAD_BLOCK
+        pool.exact[rid] = exact
+        if exact:
+            pool.unselected.add(rid)
+
+
+def pool_quotas(engine, tokens: dict[int, int], *, dips: bool = False) -> tuple[dict[int, int], dict[int, int]]:
+    """Resident-first: (rid -> blocks outside its window, rid -> quota) of every admitted request, from `tokens`
+    (rid -> tokens; the others: what they hold). Reads host counts only."""
+    forced = engine.config.sink_blocks + engine.config.local_blocks
+    # A request whose chunk is being stored counts at its end: SGLang stores a batch's chunks layer by layer,
+    # so the others of its batch are mid-chunk when one of them is rebalanced.
+    needed = {rid: max(0, tokens.get(rid, max(state.num_tokens, state.filling_to)) // engine.block_size - forced)
+              for rid, state in engine.requests.items()}
+    quotas = engine.pool.plan(needed, {rid: state.steps for rid, state in engine.requests.items()}
+                              if engine.pool.replayed else None, dips=dips)
+    return needed, quotas

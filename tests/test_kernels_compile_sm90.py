@@ -43,10 +43,12 @@ def compile_all() -> dict:
 
 
 def compile_resident_first() -> dict:
-    """Resident-first's kernels: the select stage with each row's own k (and without, as before), and the resident
-    rows' stage whose columns may have no page (PAD or the scratch page), in its fill and recall phases."""
+    """Resident-first's kernels: the select stage with each row's own k (and without, as before), the resident
+    rows' stage whose columns may have no page (PAD or the scratch page), in its fill and recall phases, and the
+    exact path's admission and split at the widest row."""
     from scout_sglang.kernels.triton.stage_recall import _config as recall_config, _resident_row_kernel
     from scout_sglang.kernels.triton.stage_select import _config as select_config, _select_topk_kernel
+    from scout_sglang.kernels.triton.stage_split import _config as split_config, _split_lists_kernel
 
     ptx = {}
     for row_topk in (False, True):  # a 64k row at blocks of 16, selecting 64 (an exact row: all its resident ones)
@@ -56,6 +58,12 @@ def compile_resident_first() -> dict:
         config = recall_config(61, 64, 3, 64, 8, 16, 128, False, phase == "fill", recall, False, True, 2, True, 4,
                                4096)
         ptx[f"resident/{phase}"] = compile_for_hopper(_resident_row_kernel, config)
+    # The exact path's stages at the widest row (a 64k request, all resident): admission alone, and the split's
+    # device list with an empty selection and no CPU list.
+    ptx["resident/admit"] = compile_for_hopper(_resident_row_kernel, recall_config(
+        4093, 1, 3, 64, 8, 16, 128, True, False, None, False, False, 1, False, 0, 4096))
+    ptx["split/exact"] = compile_for_hopper(_split_lists_kernel, split_config(
+        1, 4, 4093, 0, False, False, False, False, 1, 1, False, 0))
     return ptx
 
 
@@ -108,7 +116,7 @@ def test_the_estimate_kernels_compile_walked_whole_and_in_slices(ptx):
 
 
 def test_resident_firsts_kernels_compile(ptx):
-    for name in ("select/False", "select/True", "resident/fill", "resident/recall"):
+    for name in ("select/False", "select/True", "resident/fill", "resident/recall", "resident/admit", "split/exact"):
         assert ".target sm_90" in ptx[name] and "st.global" in ptx[name], name
     # Each row's own k is one more load: only where ROW_TOPK is on.
     assert ptx["select/True"].count("ld.global") > ptx["select/False"].count("ld.global")

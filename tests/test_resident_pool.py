@@ -79,9 +79,9 @@ def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_
     compact_rows(resident, [1, 2], [3, 4], torch.stack([pages, torch.arange(5, 10, dtype=torch.int32)]), last, dev_k, dev_v, max_blocks=12,
                  brake_state=state)
     assert resident[2, 0].tolist() == [6, 1, PAD_BLOCK, PAD_BLOCK, PAD_BLOCK]  # nothing to move
-    assert resident[1, 0].tolist() == [7, 2, 4, PAD_BLOCK, PAD_BLOCK]  # selected best first, then by column
-    assert resident[1, 1].tolist() == [3, 5, 8, PAD_BLOCK, PAD_BLOCK]
-    old_column = {0: {7: 4, 2: 3, 4: 0}, 1: {3: 2, 5: 0, 8: 3}}
+    assert resident[1, 0].tolist() == [7, 2, 9, PAD_BLOCK, PAD_BLOCK]  # selected best first, then the newest
+    assert resident[1, 1].tolist() == [3, 8, 5, PAD_BLOCK, PAD_BLOCK]
+    old_column = {0: {7: 4, 2: 3, 9: 1}, 1: {3: 2, 8: 3, 5: 0}}
     for h in range(heads):
         for column, block in enumerate(resident[1, h, :3].tolist()):
             source = int(pages[old_column[h][block]])
@@ -93,8 +93,8 @@ def test_compaction_keeps_the_last_selection_best_first_then_the_rest_and_moves_
 
 
 def test_compaction_of_a_row_exact_since_its_last_sparse_step_keeps_its_newest_blocks():
-    """Its last selection is stale (the exact path selects nothing) and its column order depends on how its row was
-    filled: such a row keeps its newest blocks, newest first, whatever its columns and selection say."""
+    """Its last selection is stale (the exact path selects nothing): such a row keeps its newest blocks, newest
+    first, whatever its columns and selection say."""
     resident = torch.full((2, 1, 5), PAD_BLOCK, dtype=torch.int32)
     resident[1, 0] = torch.tensor([3, 9, 5, PAD_BLOCK, 7])
     last = torch.full((2, 1, 4), PAD_BLOCK, dtype=torch.int32)
@@ -412,6 +412,65 @@ def test_a_dip_between_two_steps_is_recorded_and_replayed():
             torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5, msg=f"step {step} layer {layer}")
     assert any(not torch.allclose(replayed, layers[layer][-1], atol=1e-5)
                for layers, again in zip(steps, outs["no dip"]) for layer, replayed in enumerate(again))
+
+
+def test_exact_path_steps_count_no_fallback_when_the_workers_are_bypassed():
+    """With the CPU workers bypassed (device-only after failures) a step on the selecting path computes each CPU
+    part itself and counts a device-only fallback per CPU layer; a step on the exact path has no CPU part, so it
+    counts none (it was once subtracted from the planned ones, which made one up per layer)."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp = Ramp(engine)
+    try:
+        engine.handoff.use_worker = lambda: False
+        ramp.join(0, 96)
+        for _ in range(3):
+            errors, exact, telemetry = ramp.step([0])
+            assert exact[0] and errors[0] < 2e-5 and telemetry.exact_path_steps == 1
+            assert telemetry.cpu_fallbacks == {}, telemetry.cpu_fallbacks
+        engine.exact_path = False  # the control: the selecting path, bypassed, counts its device-only parts
+        errors, exact, telemetry = ramp.step([0])
+        assert telemetry.exact_path_steps == 0 and telemetry.cpu_fallbacks == {"device_only": len(engine.handoff.layers)}
+    finally:
+        engine.close()
+
+
+def test_a_peak_between_two_steps_leaves_the_row_as_it_was():
+    """Between two steps one request leaves and a longer one arrives: at its admission the newcomer asks only the
+    floor, so request 0's quota grows past its blocks (it turns exact), and the newcomer's prefill takes the pages
+    back (sparse again) before request 0's next step. Its row has gained nothing in between: no compaction, no
+    reset of its selection runs or brake, and no dip in its runs; replayed alone at them, it decodes as it did."""
+    config = ScoutConfig(mode="scout", block_size=8, token_budget=48, sink_blocks=1, local_blocks=2, cpu_groups=1,
+                         resident_first=True)
+    engine = CoAttentionEngine(config, SHAPE, dtype=torch.float32, max_requests=4, max_tokens_per_request=256)
+    ramp, steps, exact_between = Ramp(engine), [], []
+    try:
+        for rid, length in ((0, 96), (1, 110), (2, 130)):
+            ramp.join(rid, length)
+        prompt = [ramp.kv[0, layer] for layer in range(SHAPE.num_layers)]
+        rids = [0, 1, 2]
+        for step in range(10):
+            if step == 4:  # between steps 3 and 4: request 2 finishes, request 3 arrives
+                ramp.leave(2)
+                engine.add_request(3)
+                exact_between.append(engine.pool.exact[0])
+                engine.release_request(3)
+                ramp.join(3, 110)
+                rids = [0, 1, 3]
+            steps.append(recorded_step(engine, ramp, rids)[0][0])
+        ramp.leave(0)
+        runs = engine.pool.recent[-1]
+    finally:
+        engine.close()
+    assert exact_between == [True] and not any(len(run) == 3 for run in runs["quota_runs"]), runs
+    alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
+                              max_requests=1, max_tokens_per_request=256)
+    replayed = replay_alone(alone, 0, prompt, steps, runs["quota_runs"])
+    assert alone.pool.recent[0] == runs
+    for step, (layers, again) in enumerate(zip(steps, replayed)):
+        for layer, ((*_, out), replayed_out) in enumerate(zip(layers, again)):
+            torch.testing.assert_close(replayed_out, out, atol=1e-5, rtol=1e-5, msg=f"step {step} layer {layer}")
 
 
 def recorded_step(engine, ramp, rids):

@@ -281,7 +281,8 @@ class CoAttentionEngine:
     def exact_step_ready(self, rids: list[int]) -> bool:
         """Whether a step of these requests, planned now, runs the exact path (every request exact and settled:
         resident_pool.py): what the step's plan will say, without planning it (SGLang's graph runner picks the
-        captured graph before the plan). O(admitted requests), host counts only."""
+        captured graph before the plan); a replay's recorded dip before the step is not foreseen (no graph replays
+        one). O(admitted requests), host counts only."""
         if self.pool is None or not self.exact_path or not rids:
             return False
         if any(rid not in self.requests or rid not in self.pool.settled for rid in rids):
@@ -638,8 +639,9 @@ class CoAttentionEngine:
             self.recall_budget.observe_step(decodes=bool(rids))
         bypass = self.handoff is not None and not self.handoff.use_worker()
         # Resident-first: a step whose every request is exact lists nothing for the CPU, so the workers are not
-        # woken for it (they would spin through its layers): the layers compute their (empty) CPU parts
-        # themselves, as in a bypassed step, which stays exact even where a row's first fill is still to come.
+        # woken for it (they would spin through its layers): on the selecting path the layers compute their
+        # (empty) CPU parts themselves, as in a bypassed step, which stays exact even where a row's first fill is
+        # still to come; the exact path has no CPU part at all.
         idle = not bypass and self.handoff is not None and self.pool is not None and bool(rids) and \
             all(self.pool.exact.get(rid, False) for rid in rids)
         self.plan = self._build_plan(rows, bypass or idle, token_slots)
@@ -654,6 +656,7 @@ class CoAttentionEngine:
             self.telemetry = StepTelemetry(self._step_index, len(rids))
         self.telemetry.worker_free_steps += idle
         self.telemetry.exact_path_steps += self.plan.exact_step and bool(rids)
+        self.telemetry.planned_device_only_steps += idle and not self.plan.exact_step
         if self.pool is not None:
             self.telemetry.exact_requests += sum(self.pool.exact[rid] for rid in rids)
             self.telemetry.pool_pages_used = self.pool.pages.num_used
@@ -787,6 +790,7 @@ class CoAttentionEngine:
             state.steps += 1
             if self.pool is not None and self.pool.exact.get(state.rid, False):
                 self.pool.settled.add(state.rid)  # its row holds every block: filled by this step
+                self.pool.unselected.add(state.rid)  # a step exact: on the exact path it selected nothing
             elif self.pool is not None:
                 self.pool.unselected.discard(state.rid)  # a sparse step: its last selection is current
         if self._batch:  # a step of padding rows only (a graph's capture) decodes nothing
@@ -826,9 +830,9 @@ class CoAttentionEngine:
                                            rows=telemetry.decoded_tokens * self.shape.num_kv_heads,
                                            steps=telemetry.steps, window_s=stats.cpu_window_s,
                                            wait_s=stats.cpu_wait_s, zero_copy_s=stats.zero_copy_s)
-            device_only = telemetry.worker_free_steps - telemetry.exact_path_steps  # the exact path has no CPU part
+            planned = telemetry.planned_device_only_steps  # the exact path has no CPU part, so no outcome
             for cause, count in self.handoff.record_outcomes(outcomes, rids or [],
-                                                              planned_device_only=device_only).items():
+                                                              planned_device_only=planned).items():
                 telemetry.cpu_fallbacks[cause] = telemetry.cpu_fallbacks.get(cause, 0) + count
             bad = [layer for layer in self.handoff.layers if counters[layer][BAD_PAGES]]
             if bad:  # an error path: the page check's finds are named from the device's lists

@@ -14,27 +14,30 @@ from scout_sglang.layout import PAD_BLOCK
 def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
     """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
     the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
-    are compacted (the blocks of the last selection kept, best first; a row exact since its last sparse step: its
-    newest) and their pages go back; then the
-    growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
+    are compacted (the blocks of the last selection kept, best first, then the newest; a row that ran a step exact
+    since its last sparse one: the newest) and their pages go back; then the growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
     that stops fitting before its first step starts from an empty row, as any sparse request does. dips: a
     replay's quotas before a step whose run recorded a dip (resident_pool.ResidentPool.record)."""
     pool, store = engine.pool, engine.offloaded
     needed, quotas = pool_quotas(engine, tokens, dips=dips)
     shrinking = [(rid, quota) for rid, quota in quotas.items() if quota < pool.quota(rid)]
+    # Between steps a decoding request's row only loses blocks: the columns past the lowest quota it had since its
+    # last step are empty, and a shrink that keeps those columns frees pages without a compaction (a quota that
+    # grew and fell back before the request's next step leaves its row as it was).
+    shrinking = [(rid, quota) for rid, quota in shrinking if quota < pool.held_columns(rid, engine.requests[rid].steps)]
     if shrinking:  # one set of ops per layer for all of them
         slots = [engine.requests[rid].slot for rid, _ in shrinking]
         pages = store.resident_page_table[slots].to(engine.device, non_blocking=True)
-        # A row exact since its last sparse step keeps its newest blocks: its last selection is stale wherever
-        # its steps ran on the exact path, which depends on its batch, and its column order on how it was
-        # filled (a replay alone must compact it alike).
+        # A row that ran a step exact since its last sparse one keeps its newest blocks: its last selection is
+        # stale where that step ran on the exact path, which depends on its batch (a replay alone must compact it
+        # alike).
         by_recency = [rid in pool.unselected for rid, _ in shrinking]
         for layer in engine.offloaded_layers:
             compact_rows(store.resident_map[layer], slots, [quota for _, quota in shrinking], pages,
                          engine.previous[layer], store.dev_k[layer], store.dev_v[layer],
                          max_blocks=engine.max_blocks, brake_state=store.recall_state.get(layer), by_recency=by_recency)
-        for (rid, quota), slot in zip(shrinking, slots):
-            pool.shrink(rid, slot, quota)
+    for rid, quota in quotas.items():  # every shrink first, its pages back: the compacted rows' and the others'
+        pool.shrink(rid, engine.requests[rid].slot, quota)
     for rid, quota in quotas.items():
         slot = engine.requests[rid].slot
         pool.grow(rid, slot, quota)
@@ -45,17 +48,16 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
             for layer in engine.offloaded_layers:
                 store.resident_ready[layer][slot] = 0
         elif not exact and pool.exact.get(rid, False):
-            # Sparse again: its selection runs and recall brake start afresh and its row counts as filled,
-            # whatever path its exact steps took (the exact path fills nothing and keeps no runs).
-            store.reset_recall_rows(slot)
+            # Sparse again: after steps run exact, its selection runs and recall brake start afresh and its row
+            # counts as filled, whatever path those steps took (the exact path fills nothing and keeps no runs).
+            if rid in pool.unselected:
+                store.reset_recall_rows(slot)
             started = engine.requests[rid].steps > 0
             for layer in engine.offloaded_layers:
                 store.resident_ready[layer][slot] = int(started)
                 if not started:  # its prefill's blocks are dropped: its first fill picks by score
                     store.resident_map[layer][slot] = PAD_BLOCK
         pool.exact[rid] = exact
-        if exact:
-            pool.unselected.add(rid)
 
 
 def pool_quotas(engine, tokens: dict[int, int], *, dips: bool = False) -> tuple[dict[int, int], dict[int, int]]:

@@ -19,9 +19,10 @@ attends every block, as full attention does, and its CPU list is empty. When
 the batch grows and the quota falls below its blocks, the request goes back to
 the budget's top-k with its resident row as the cache: the row is compacted
 first, per layer and KV head, keeping the blocks of its last selection best
-first (the lowest-scoring go first, unselected ones before any selected; a row
-exact since its last sparse step keeps its newest blocks), and the pages past
-the new quota return to the pool. That copy happens between steps, on the
+first, then its other blocks newest first (the lowest-scoring go first,
+unselected ones before any selected; a row that ran a step exact since its last
+sparse one keeps its newest blocks), and the pages past the new quota return to
+the pool. That copy happens between steps, on the
 device; nothing else waits.
 
 A step whose every request is exact and settled (`settled`: its row holds every
@@ -104,7 +105,7 @@ class ResidentPool(SlotPageTable):
         # exact requests whose rows hold every block: a step ran with them exact (its fill took them all), or they
         # were exact since admission and their prefill wrote each block it moved out of the window
         self.settled: set[int] = set()
-        self.unselected: set[int] = set()  # requests exact since their last sparse step (their selection is stale)
+        self.unselected: set[int] = set()  # requests that ran a step exact since their last sparse one (stale selection)
         self.evicted_columns = 0  # resident columns given back by quota shrinkage (each: a block per layer and head)
         self.runs: dict[int, dict] = {}  # rid -> {"prompt_tokens", "quota_runs": [[quota, steps], ...]} while it runs
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)  # the same, of the last requests that finished
@@ -118,14 +119,15 @@ class ResidentPool(SlotPageTable):
              dips: bool = False) -> dict[int, int]:
         """New quotas of the requests in `needed` (rid -> blocks outside its window): every admitted request; a
         replayed one (steps: rid -> its decode steps so far) gets its runs' quota at that step (dips: the dip
-        recorded before it, where there is one)."""
+        recorded before it where there is one, and every other request keeps its quota)."""
         rids = list(needed)
         demands = [min(self.width, max(self.floor, needed[rid])) for rid in rids]
         quotas = dict(zip(rids, water_fill(demands, self.pages.num_pages)))
+        if dips:  # only the dipping ones move
+            lows = {rid: dip_at(self.replayed.get(rid, []), (steps or {}).get(rid, 0)) for rid in quotas}
+            return {rid: self.quota(rid) if low is None else min(self.width, low) for rid, low in lows.items()}
         for rid in self.replayed.keys() & quotas.keys():
-            step = (steps or {}).get(rid, 0)
-            dip = dip_at(self.replayed[rid], step) if dips else None
-            quotas[rid] = min(self.width, quota_at(self.replayed[rid], step) if dip is None else dip)
+            quotas[rid] = min(self.width, quota_at(self.replayed[rid], (steps or {}).get(rid, 0)))
         return quotas
 
     def dips_due(self, steps: dict[int, int]) -> bool:
@@ -163,6 +165,16 @@ class ResidentPool(SlotPageTable):
         new = self.pages.allocate(rid, quota - have)
         self.table[slot, have:quota] = torch.tensor([self.first_page + p for p in new], dtype=torch.int32)
         self.mark(slot, have, quota)
+
+    def held_columns(self, rid: int, steps: int) -> int:
+        """The first columns of `rid`'s row that may hold a block: after its first step, the lowest quota it had
+        since its last step (between steps a decoding row only loses blocks); before it, all it has (its prefill
+        writes its row)."""
+        have = self.quota(rid)
+        runs = self.runs.get(rid)
+        if not steps or runs is None:
+            return have
+        return min(have, runs["quota_runs"][-1][0], self.low.get(rid, have))
 
     def shrink(self, rid: int, slot: int, quota: int) -> None:
         have = self.pages.count(rid)
@@ -206,16 +218,16 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
                  brake_state: torch.Tensor | None = None, by_recency: list[bool] | None = None) -> None:
     """Before the quotas of `slots` fall to `keeps` columns: per slot and KV head, move the blocks to keep into
     columns [0, keep) (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last
-    selection, best first (its order); then its other held blocks, by column. Device ops on the stream, a fixed
-    number for all the slots of a layer, between steps; nothing is read back.
+    selection, best first (its order); then its other held blocks, newest first (never by column: a row's column
+    order depends on how it was filled). Device ops on the stream, a fixed number for all the slots of a layer,
+    between steps; nothing is read back.
 
     resident : [slots, Hkv, R] int32 the layer's resident map; pages : [S, R] int32 (device) the slots' column
     pages before the change; last_selection : [slots, Hkv, K] int32 the layer's last selection by slot (PAD past
     it); dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is
     below); brake_state : the layer's recall brake state, whose judgement of the slots' last recall is dropped
-    (their columns moved); by_recency : per slot, keep its newest blocks instead (the highest block ids; its last
-    selection ignored: a row exact since its last sparse step, whose selection is stale where its steps ran on the
-    exact path, and whose column order depends on how its row was filled)."""
+    (their columns moved); by_recency : per slot, its last selection ignored (newest first throughout): a row
+    exact in a step since its last sparse one, whose selection is stale where that step ran on the exact path."""
     device = resident.device
     index = torch.tensor(slots, dtype=torch.long, device=device)
     keep = torch.tensor(keeps, dtype=torch.long, device=device).view(-1, 1, 1)
@@ -234,9 +246,8 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     column = torch.arange(width, device=device).expand_as(rows)
     held = rows != PAD_BLOCK
     position = rank.gather(2, torch.where(held, rows.long(), max_blocks))
-    rest = column if newest is None else torch.where(newest, max_blocks - rows.long(), column)  # the other blocks
-    key = torch.where(held & (position >= 0), position,
-                      torch.where(held, topk + rest, topk + max_blocks + width + column))
+    key = torch.where(held & (position >= 0), position,  # the other held blocks newest first, then the empty
+                      torch.where(held, topk + max_blocks - rows.long(), topk + max_blocks + column))
     order = torch.sort(key, dim=2, stable=True).indices  # [S, Hkv, R] source column of each new column
     kept = torch.where(column < keep, rows.gather(2, order), PAD_BLOCK)
     head = torch.arange(num_kv_heads, device=device).view(1, -1, 1)

@@ -65,7 +65,8 @@ class StepTelemetry:
     exact_requests: int = 0  # resident-first: requests attended over every block, summed over the steps it covers
     pool_pages_used: int = 0  # resident-first: pages of the resident pool held at its last step (core/resident_pool.py)
     worker_free_steps: int = 0  # resident-first: steps whose requests were all exact, the workers left asleep
-    exact_path_steps: int = 0  # resident-first: of those, the steps whose offloaded layers skipped the selection
+    exact_path_steps: int = 0  # resident-first: steps on the exact path (every request exact, its row filled)
+    planned_device_only_steps: int = 0  # all-exact steps on the selecting path: a device-only part per CPU layer
 
     def layer(self, index: int) -> LayerStats:
         return self.layers.setdefault(index, LayerStats())

@@ -154,13 +154,11 @@ def recall_caps(config, *, block_bytes: int, num_layers: int, batch_size: int, n
 
 def compact(row: list[int], last_selected: list[int], quota: int, *, newest: bool = False) -> list[int]:
     """Resident-first: a row whose quota falls to `quota` columns keeps the blocks of its last selection it holds,
-    in that order (best first), then its other blocks by column; the columns past the quota are emptied. newest:
-    a row exact since its last sparse step keeps its newest blocks, newest first (its selection is stale)."""
+    in that order (best first), then its other blocks newest first; the columns past the quota are emptied.
+    newest: a row exact in a step since its last sparse one keeps its newest blocks (its selection is stale)."""
     held = [j for j in row if j != EMPTY]
-    if newest:
-        kept = sorted(held, reverse=True)
-    else:
-        kept = [j for j in last_selected if j in held] + [j for j in held if j not in set(last_selected)]
+    selected = [] if newest else [j for j in last_selected if j in held]
+    kept = selected + sorted((j for j in held if j not in set(selected)), reverse=True)
     kept = kept[:quota]
     return kept + [EMPTY] * (len(row) - len(kept))
 

@@ -145,7 +145,8 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
 def test_a_resident_first_pd_pair_decodes_exactly_like_a_single_server_at_a_covering_budget(samples, tmp_path):
     """Every token of every context attended: any K/V lost or misplaced on the way changes the tokens. The decode
     instance runs resident-first at the sparse budget, its pool sized from the stock KV budget (on this CPU box,
-    capped by the logical capacity): every request fits and is attended exactly, over its transferred K/V."""
+    capped by the logical capacity): every request fits and is attended exactly, over its transferred K/V, on the
+    exact path (nothing selected)."""
     covering = {**ENV, "SCOUT_TOKEN_BUDGET": str(max(LENGTHS) + 32)}  # the prompt and the new tokens, in whole blocks
     with launched_pd(bundled_model_dir(), common_args=COMMON, env={**ENV, "SCOUT_RESIDENT_FIRST": "on"},
                      log_dir=tmp_path) as urls:
@@ -157,10 +158,12 @@ def test_a_resident_first_pd_pair_decodes_exactly_like_a_single_server_at_a_cove
         single = served_tokens(base, samples)
     assert through_pd == single
     assert after["admitted_requests"] - before["admitted_requests"] == len(samples)
-    assert after["cpu_blocks"] == 0 and after["selected_blocks"] > before["selected_blocks"]  # all of it selected
+    assert after["cpu_blocks"] == 0
     pool = after["resident_pool"]
     assert pool["sized_by"] == "the logical capacity" and pool["stock_kv_bytes"] > 0
     assert pool["recent_exact_share"] == 1.0 and pool["used"] == 0
+    # each request's transferred prompt written to its row as it was stored: every step on the exact path
+    assert pool["recent_exact_path_share"] == 1.0 and after["selected_blocks"] == before["selected_blocks"]
 
 
 def test_without_kv_transfer_the_answers_are_wrong(samples, reference_answers, tmp_path):

@@ -367,13 +367,7 @@ def test_a_request_exact_beside_a_sparse_one_decodes_as_alone_on_the_exact_path(
         engine.close()
     quotas = [quota for quota, count in runs["quota_runs"] for _ in range(count)]
     assert quotas[0] > quotas[-1] and {"exact path", "exact", "sparse"} <= set(paths), (paths, runs)
-    alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
-                              max_requests=1, max_tokens_per_request=256)
-    replayed = replay_alone(alone, 0, prompt, steps, runs["quota_runs"])
-    assert alone.pool.recent[0] == runs
-    for step, (layers, outs) in enumerate(zip(steps, replayed)):
-        for layer, ((*_, out), again) in enumerate(zip(layers, outs)):
-            torch.testing.assert_close(again, out, atol=1e-5, rtol=1e-5, msg=f"step {step} ({paths[step]}) layer {layer}")
+    assert_replayed_alone(config, prompt, steps, runs, paths)
 
 
 def test_a_dip_between_two_steps_is_recorded_and_replayed():
@@ -400,18 +394,10 @@ def test_a_dip_between_two_steps_is_recorded_and_replayed():
         engine.close()
     dips = [run for run in runs["quota_runs"] if len(run) == 3]
     assert len(dips) == 1 and dips[0][2] < dips[0][0], runs
-    outs = {}
-    for name, quota_runs in (("recorded", runs["quota_runs"]), ("no dip", [run[:2] for run in runs["quota_runs"]])):
-        alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
-                                  max_requests=1, max_tokens_per_request=256)
-        outs[name] = replay_alone(alone, 0, prompt, steps, quota_runs)
-        if name == "recorded":
-            assert alone.pool.recent[0] == runs
-    for step, (layers, again) in enumerate(zip(steps, outs["recorded"])):
-        for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
-            torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5, msg=f"step {step} layer {layer}")
+    assert_replayed_alone(config, prompt, steps, runs)
+    no_dip = replay_alone(alone_engine(config), 0, prompt, steps, [run[:2] for run in runs["quota_runs"]])
     assert any(not torch.allclose(replayed, layers[layer][-1], atol=1e-5)
-               for layers, again in zip(steps, outs["no dip"]) for layer, replayed in enumerate(again))
+               for layers, again in zip(steps, no_dip) for layer, replayed in enumerate(again))
 
 
 def test_exact_path_steps_count_no_fallback_when_the_workers_are_bypassed():
@@ -464,13 +450,25 @@ def test_a_peak_between_two_steps_leaves_the_row_as_it_was():
     finally:
         engine.close()
     assert exact_between == [True] and not any(len(run) == 3 for run in runs["quota_runs"]), runs
-    alone = CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
-                              max_requests=1, max_tokens_per_request=256)
+    assert_replayed_alone(config, prompt, steps, runs)
+
+
+def alone_engine(config):
+    """An engine for one request, its pool as large as the ramps' (what a replay at their quotas needs)."""
+    return CoAttentionEngine(dataclasses.replace(config, resident_pool_blocks=24), SHAPE, dtype=torch.float32,
+                             max_requests=1, max_tokens_per_request=256)
+
+
+def assert_replayed_alone(config, prompt, steps, runs, labels=None):
+    """Request 0 replayed alone at its recorded quota runs records the same runs and gives the recorded outputs at
+    every step and layer (labels: a name per step, for the message)."""
+    alone = alone_engine(config)
     replayed = replay_alone(alone, 0, prompt, steps, runs["quota_runs"])
     assert alone.pool.recent[0] == runs
     for step, (layers, again) in enumerate(zip(steps, replayed)):
+        where = f"step {step}" + (f" ({labels[step]})" if labels else "")
         for layer, ((*_, out), replayed_out) in enumerate(zip(layers, again)):
-            torch.testing.assert_close(replayed_out, out, atol=1e-5, rtol=1e-5, msg=f"step {step} layer {layer}")
+            torch.testing.assert_close(replayed_out, out, atol=1e-5, rtol=1e-5, msg=f"{where} layer {layer}")
 
 
 def recorded_step(engine, ramp, rids):

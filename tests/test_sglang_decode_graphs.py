@@ -85,6 +85,21 @@ def eager_attention(fixture, fb, hidden):
     return attention(fixture, q, k, v, fb)
 
 
+def prepare_replay(fixture, static_qkv, hidden, rows: int, step: int) -> None:
+    """What precedes a replay's launches: the live rows' q/k/v into the captured buffers (what the captured
+    projections write), and the plan of SGLang's replay view, the batch padded to the captured size."""
+    for static, live in zip(static_qkv, fixture.actual_module.project_qkv(hidden[:rows])):
+        static[:rows] = live
+    padded = step_batch(fixture, CAPTURE_BS, step)
+    padded.req_pool_indices[rows:] = 0
+    padded.seq_lens_cpu[rows:] = fixture.backend.get_cuda_graph_seq_len_fill_value()
+    view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
+                           req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
+                           seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
+                           out_cache_loc=padded.out_cache_loc[:rows])
+    fixture.backend.init_forward_metadata_out_graph(view)
+
+
 def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
     eager, graph = build(), build()
     backend, module = graph.backend, graph.actual_module
@@ -108,17 +123,7 @@ def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
     for step, rows in enumerate((CAPTURE_BS, 2)):
         fb = step_batch(eager, rows, step)
         expected = eager_attention(eager, fb, hidden[step][:rows])
-        live_q, live_k, live_v = module.project_qkv(hidden[step][:rows])
-        for static, live in ((q, live_q), (k, live_k), (v, live_v)):  # what the captured projections write
-            static[:rows] = live
-        padded = step_batch(graph, CAPTURE_BS, step)
-        padded.req_pool_indices[rows:] = 0
-        padded.seq_lens_cpu[rows:] = backend.get_cuda_graph_seq_len_fill_value()
-        view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
-                               req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
-                               seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
-                               out_cache_loc=padded.out_cache_loc[:rows])
-        backend.init_forward_metadata_out_graph(view)
+        prepare_replay(graph, (q, k, v), hidden[step], rows, step)
         for kernel, grid, args, kwargs in capture.launches:  # the replay: the recorded launches, nothing else
             kernel.run(*args, grid=grid, warmup=False, **kwargs)
         torch.testing.assert_close(out[:rows], expected, rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
@@ -167,17 +172,7 @@ def test_resident_first_captures_an_exact_graph_and_replays_it_when_every_reques
         picked.append(label)
         fb = step_batch(eager, rows, step)
         expected = eager_attention(eager, fb, hidden[step][:rows])
-        live_q, live_k, live_v = module.project_qkv(hidden[step][:rows])
-        for static, live in ((q, live_q), (k, live_k), (v, live_v)):
-            static[:rows] = live
-        padded = step_batch(graph, CAPTURE_BS, step)
-        padded.req_pool_indices[rows:] = 0
-        padded.seq_lens_cpu[rows:] = backend.get_cuda_graph_seq_len_fill_value()
-        view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
-                               req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
-                               seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
-                               out_cache_loc=padded.out_cache_loc[:rows])
-        backend.init_forward_metadata_out_graph(view)
+        prepare_replay(graph, (q, k, v), hidden[step], rows, step)
         assert backend.engine.plan.exact_step == (label == "exact")
         for kernel, grid, args, kwargs in captured[label]:
             kernel.run(*args, grid=grid, warmup=False, **kwargs)

@@ -613,9 +613,6 @@ class CoAttentionEngine:
             padding rows only may: a captured graph's) or not; None: the engine decides (exact_step_ready). A
             captured graph's caller names the path its graph was captured for."""
         rows = len(rids) if rows is None else rows
-        if exact_step and rids and not self.exact_step_ready(rids):
-            raise ValueError(f"a step of requests {rids} cannot run the exact path: not every one is exact and "
-                             "settled (exact_step_ready)")
         if rows < len(rids) or rows > self.max_requests:
             raise ValueError(f"a step of {len(rids)} requests cannot run {rows} rows (max_requests "
                              f"{self.max_requests})")
@@ -648,7 +645,8 @@ class CoAttentionEngine:
         settled = self.pool is not None and self.exact_path and bool(rids) and all(
             rid in self.pool.settled and self.pool.exact[rid] for rid in rids)  # what exact_step_ready foresaw
         if exact_step and rids and not settled:  # exact_step_ready said otherwise a moment ago: a bug
-            raise RuntimeError(f"requests {rids} stopped being exact and settled while their step was planned")
+            raise RuntimeError(f"a step of requests {rids} cannot run the exact path: not every one is exact and "
+                               "settled (exact_step_ready)")
         self.plan.exact_step = bool(settled if exact_step is None else exact_step)
         if self.handoff is not None:
             self.handoff.begin_step(self._seq, bypass or idle)

@@ -93,14 +93,16 @@ CPU_WORKER_TESTS = (*NATIVE_TESTS, "tests/test_cpu_fallback.py", "tests/test_cpu
 TESTS_FOR = {
     # resident-first serving: its own tests, then the oracle's run through the switch (seconds, not the engine's minutes)
     "scout_sglang/core/resident_pool.py": (
-        "tests/test_resident_pool.py",
+        "tests/test_resident_pool.py", "tests/test_resident_shared_prefix.py",
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
     # the pool's quotas and their changes: the resident-first tests (a prefill batch layer by layer first), then the
     # oracle's run through the switch
     "scout_sglang/core/pool_rebalance.py": (
         "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"
-        "_are_exact", "tests/test_resident_pool.py",
+        "_are_exact", "tests/test_resident_pool.py", "tests/test_resident_shared_prefix.py",
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle"),
+    # a cached prefix's resident pages kept once: its tests, then the prefix cache's
+    "scout_sglang/core/pool_sharing.py": ("tests/test_resident_shared_prefix.py", "tests/test_shared_prefix.py"),
     # the engine: with, first, the resident-first prefill of a batch layer by layer (the engine tests prefill alone)
     "scout_sglang/core/engine.py": (
         "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"

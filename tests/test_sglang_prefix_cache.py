@@ -112,6 +112,27 @@ def test_a_host_store_smaller_than_the_working_set_evicts_cached_prefixes_and_ev
     assert served == reference_outputs(model_dir, SCOUT_ENV, [p for wave in waves for p in wave], 8)[0]
 
 
+def test_resident_first_holds_an_adopted_prefix_once_and_answers_as_full_attention(model_dir, tmp_path):
+    """Resident-first (a pool that holds every request) under the radix cache. Round two's requests adopt the
+    system prompt round one left in the tree: the first copies its blocks from the host store into its resident
+    row, in block order, and the others point at that row's pages (the prefix resident once). Every request is
+    exact, with no CPU part, and its tokens are full attention's."""
+    system = random_prompts([PREFIX], vocab=VOCAB, seed=31)[0]
+    first = shared_prompts(system, (40, 90), seed=32)
+    second = shared_prompts(system, (60, 120, 180, 260), seed=33)
+    env = SCOUT_ENV | {"SCOUT_RESIDENT_FIRST": "on"}
+    with launched_server(model_dir, *COMMON, "--max-total-tokens", "16384", env=env,
+                         log_path=tmp_path / "resident.log") as base:
+        served = [a["output_ids"] for a in ask_together(base, first) + ask_together(base, second)]
+        stats = scout_stats(base)
+    pool = stats["resident_pool"]
+    outside = PREFIX // BLOCK - 2  # the prefix's blocks outside the window (tiny: sink 1, local 1)
+    assert pool["prefix_blocks_copied"] >= outside and pool["prefix_blocks_shared"] >= outside, pool
+    assert stats["cpu_blocks"] == 0 and pool["recent_exact_share"] == 1.0
+    assert served == reference_outputs(model_dir, env | {"SCOUT_MODE": "full", "SCOUT_RESIDENT_FIRST": "off"},
+                                       first + second, NEW_TOKENS)[0]
+
+
 @pytest.mark.skipif(len(process_cpus()) < 2, reason="two ranks need two CPUs")
 def test_two_tensor_parallel_ranks_share_a_cached_prefix_each_for_its_heads(tmp_path):
     """--tp-size 2 under the radix cache: both ranks' schedulers match the same prefix and each rank's engine

@@ -39,6 +39,7 @@ from scout_sglang.core.host_wait import wait_for_device
 from scout_sglang.core.layer_stages import CPU_MODES, RESIDENT_MODES, LayerStages
 from scout_sglang.core.recall_budget import RecallBudget
 from scout_sglang.core.pool_rebalance import pool_quotas, rebalance
+from scout_sglang.core.pool_sharing import adopt_rows
 from scout_sglang.core.shape import ModelShape
 from scout_sglang.core.step_buffers import StepBuffers
 from scout_sglang.core.step_plan import (
@@ -417,8 +418,8 @@ class CoAttentionEngine:
         for layer in self.offloaded_layers:
             self.offloaded.fill_window_from_host(layer, rid, num_tokens)
         state.num_tokens = num_tokens
-        if self.pool is not None and num_tokens // self.block_size > self.config.sink_blocks + self.config.local_blocks:
-            self.pool.settled.discard(rid)  # the prefix's blocks outside the window: in its row at its first fill
+        if self.pool is not None:  # the prefix's blocks outside the window in its row: shared, copied or filled later
+            adopt_rows(self, rid, num_tokens)
 
     def release_request(self, rid: int) -> None:
         """Free every host and device page of a request (finish, abort, retraction)."""
@@ -577,7 +578,8 @@ class CoAttentionEngine:
         store.dev_k[layer][pages] = torch.cat(parts_k)
         store.dev_v[layer][pages] = torch.cat(parts_v)
         store.resident_map[layer][slot, :, columns] = torch.tensor(blocks, dtype=torch.int32, device=self.device)
-
+        if layer == self.offloaded_layers[-1] and self.pool.identity.get(rid, 0) == columns[0]:
+            self.pool.identity[rid] = columns[-1] + 1  # its row holds block sink + c at column c: it may share them
     def gather(self, rid: int, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens [0, end) of a stored request for one layer, as K, V [end, Hkv, D] on the device
         (full blocks from wherever they live, the unfinished block from the window)."""

@@ -73,6 +73,26 @@ class PageAllocator:
         self._free.extend(reversed(freed))
         return freed
 
+    def transfer_first(self, request_id: int, count: int, to: int) -> list[int]:
+        """Move the first `count` pages of a request's table to the end of `to`'s (a resident row's first columns
+        that become a shared prefix's pages); returns them."""
+        pages = self._tables.get(request_id, [])
+        if not 0 <= count <= len(pages):
+            raise ValueError(f"{self.name}: request {request_id} holds {len(pages)} pages, {count} cannot move")
+        moved = pages[:count]
+        del pages[:count]
+        self._tables.setdefault(to, []).extend(moved)
+        return moved
+
+    def release_pages(self, request_id: int, released: list[int]) -> None:
+        """Free these pages of a request's table, wherever they are in it."""
+        pages = self._tables.get(request_id, [])
+        gone = set(released)
+        if len(gone) != len(released) or not gone <= set(pages):
+            raise ValueError(f"{self.name}: request {request_id} does not hold every page of {released}")
+        pages[:] = [p for p in pages if p not in gone]
+        self._free.extend(reversed(released))
+
     def release(self, request_id: int) -> int:
         """Free every page of a request; returns how many. Unknown ids free nothing."""
         pages = self._tables.pop(request_id, [])

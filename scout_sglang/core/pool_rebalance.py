@@ -24,23 +24,37 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
     # Between steps a decoding request's row only loses blocks: the columns past the lowest quota it had since its
     # last step are empty, and a shrink that keeps those columns frees pages without a compaction (a quota that
     # grew and fell back before the request's next step leaves its row as it was).
-    shrinking = [(rid, quota) for rid, quota in shrinking if quota < pool.held_columns(rid, engine.requests[rid].steps)]
-    if shrinking:  # one set of ops per layer for all of them
-        slots = [engine.requests[rid].slot for rid, _ in shrinking]
-        pages = store.resident_page_table[slots].to(engine.device, non_blocking=True)
-        # A row that ran a step exact since its last sparse one keeps its newest blocks: its last selection is
-        # stale where that step ran on the exact path, which depends on its batch (a replay alone must compact it
-        # alike).
-        by_recency = [rid in pool.unselected for rid, _ in shrinking]
-        for layer in engine.offloaded_layers:
-            compact_rows(store.resident_map[layer], slots, [quota for _, quota in shrinking], pages,
-                         engine.previous[layer], store.dev_k[layer], store.dev_v[layer],
-                         max_blocks=engine.max_blocks, brake_state=store.recall_state.get(layer), by_recency=by_recency)
+    compacted = {rid for rid, quota in shrinking if quota < pool.held_columns(rid, engine.requests[rid].steps)}
+    # A row pointing at shared pages that stops being exact (or is compacted: a replay's quota) moves its blocks to
+    # pages of its own, in the same copy; a compacted row no longer holds its blocks in block order.
+    unsharing = {rid for rid, quota in quotas.items()
+                 if rid in pool.shared_pages and (quota < needed[rid] or rid in compacted)}
+    for rid in compacted:
+        pool.identity.pop(rid, None)
+    moving = [rid for rid in quotas if rid in compacted or rid in unsharing]
+    slots = [engine.requests[rid].slot for rid in moving]
+    before = store.resident_page_table[slots].clone() if moving else None
+    for rid in unsharing:
+        pool.unshare(rid, engine.requests[rid].slot, quotas[rid])
     for rid, quota in quotas.items():  # every shrink first, its pages back: the compacted rows' and the others'
         pool.shrink(rid, engine.requests[rid].slot, quota)
     for rid, quota in quotas.items():
+        pool.grow(rid, engine.requests[rid].slot, quota)
+    if moving:  # one set of ops per layer for all of them, after every page changed hands (a page one row frees
+        # may be one another moves into: the copy reads every source before it writes)
+        src = before.to(engine.device, non_blocking=True)
+        dst = store.resident_page_table[slots].to(engine.device, non_blocking=True)
+        # A row that ran a step exact since its last sparse one keeps its newest blocks: its last selection is
+        # stale where that step ran on the exact path, which depends on its batch (a replay alone must compact it
+        # alike). A row only unsharing keeps its columns' order.
+        by_recency = [rid in pool.unselected for rid in moving]
+        for layer in engine.offloaded_layers:
+            compact_rows(store.resident_map[layer], slots, [quotas[rid] for rid in moving], src,
+                         engine.previous[layer], store.dev_k[layer], store.dev_v[layer],
+                         max_blocks=engine.max_blocks, brake_state=store.recall_state.get(layer), by_recency=by_recency,
+                         dst_pages=dst, reordered=[rid in compacted for rid in moving])
+    for rid, quota in quotas.items():
         slot = engine.requests[rid].slot
-        pool.grow(rid, slot, quota)
         exact = quota >= needed[rid]
         if exact != pool.exact.get(rid, False):
             pool.settled.discard(rid)
@@ -48,6 +62,7 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
             for layer in engine.offloaded_layers:
                 store.resident_ready[layer][slot] = 0
         elif not exact and pool.exact.get(rid, False):
+            pool.identity.pop(rid, None)
             # Sparse again: after steps run exact, its selection runs and recall brake start afresh and its row
             # counts as filled, whatever path those steps took (the exact path fills nothing and keeps no runs).
             if rid in pool.unselected:

@@ -29,6 +29,15 @@ A step whose every request is exact and settled (`settled`: its row holds every
 block, filled by a step or written by its prefill) runs the exact path
 (core/layer_stages.attend_exact): no selection, no CPU part.
 
+Requests that share a cached prefix (SGLang's radix cache: the same host pages)
+share its resident pages too (core/pool_sharing.py): a new request whose prefix
+another exact row holds as its prefill wrote it (column c holds block sink + c)
+points its first columns at that row's pages, which pass to the pool's SHARED
+holder, and starts exact and settled. Nothing writes a shared page: only exact
+rows hold one, whose columns a step never moves; a row that stops being exact
+first copies them into pages of its own. A shared page counts once, and the
+pages sharing saves go to the water-fill while every row holding them is exact.
+
 Host work per step is O(requests): the quotas are sums of host counts, and a
 quota change moves its columns to the device table like any page-table change
 (device_tables.py).
@@ -53,6 +62,7 @@ from scout_sglang.layout import PAD_BLOCK
 
 
 RECENT_REQUESTS = 64  # finished requests whose quota runs the pool keeps
+SHARED = -1  # the pool allocator's holder of the pages more than one row may point at (a shared prefix's blocks)
 
 
 def water_fill(demands: list[int], pages: int) -> list[int]:
@@ -111,9 +121,29 @@ class ResidentPool(SlotPageTable):
         self.recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)  # the same, of the last requests that finished
         self.replayed: dict[int, list[list[int]]] = {}  # rid -> quota runs that replace its water-filled share
         self.low: dict[int, int] = {}  # rid -> the lowest quota it had since its last step (a dip, when regrown)
+        # A shared prefix (pool_sharing.py): rid -> the SHARED pages of its first columns, in column order (its own
+        # pages are its next columns); the rows pointing at each shared page; and rid -> its first columns that hold
+        # block sink + c in every layer and KV head (its prefill wrote them, and it has been exact since).
+        self.shared_pages: dict[int, list[int]] = {}
+        self.references: dict[int, int] = {}
+        self.pointers = 0  # the rows' shared columns: the sum of references
+        # since start-up: blocks of adopted prefixes taken from another row's pages, and copied in from the host
+        self.prefix_blocks_shared = self.prefix_blocks_copied = 0
+        self.identity: dict[int, int] = {}
 
     def quota(self, rid: int) -> int:
-        return self.pages.count(rid)
+        return len(self.shared_pages.get(rid, ())) + self.pages.count(rid)
+
+    def saved_pages(self, sharers: set[int] | None = None) -> int:
+        """Pages that sharing saves: the rows' shared columns less the distinct pages they point at (sharers: only
+        those rows')."""
+        if sharers is None:
+            return self.pointers - len(self.references)
+        counts: dict[int, int] = {}
+        for rid in sharers:
+            for page in self.shared_pages.get(rid, ()):
+                counts[page] = counts.get(page, 0) + 1
+        return sum(counts.values()) - len(counts)
 
     def plan(self, needed: dict[int, int], steps: dict[int, int] | None = None, *,
              dips: bool = False) -> dict[int, int]:
@@ -122,7 +152,16 @@ class ResidentPool(SlotPageTable):
         recorded before it where there is one, and every other request keeps its quota)."""
         rids = list(needed)
         demands = [min(self.width, max(self.floor, needed[rid])) for rid in rids]
-        quotas = dict(zip(rids, water_fill(demands, self.pages.num_pages)))
+        # The pages sharing saves go to everyone while every row holding them is exact; a sharer the level cuts
+        # copies its shared columns into pages of its own (unshare), and the others share the rest.
+        sharers, saved = {rid for rid in rids if rid in self.shared_pages}, self.saved_pages()
+        while True:
+            quotas = dict(zip(rids, water_fill(demands, self.pages.num_pages + saved)))
+            cut = {rid for rid in sharers if quotas[rid] < needed[rid]}
+            if not cut:
+                break
+            sharers -= cut
+            saved = self.saved_pages(sharers)
         if dips:  # only the dipping ones move
             lows = {rid: dip_at(self.replayed.get(rid, []), (steps or {}).get(rid, 0)) for rid in quotas}
             return {rid: self.quota(rid) if low is None else min(self.width, low) for rid, low in lows.items()}
@@ -159,7 +198,7 @@ class ResidentPool(SlotPageTable):
         if quota > self.width:
             raise ValueError(f"resident pool: request {rid} cannot hold {quota} resident columns, its row has "
                              f"{self.width}")
-        have = self.pages.count(rid)
+        have = self.quota(rid)
         if quota <= have:
             return
         new = self.pages.allocate(rid, quota - have)
@@ -177,19 +216,85 @@ class ResidentPool(SlotPageTable):
         return min(have, runs["quota_runs"][-1][0], self.low.get(rid, have))
 
     def shrink(self, rid: int, slot: int, quota: int) -> None:
-        have = self.pages.count(rid)
+        have = self.quota(rid)
         if quota >= have:
             return
+        if quota < len(self.shared_pages.get(rid, ())):
+            raise RuntimeError(f"resident pool: request {rid} shrinks to {quota} columns but points at "
+                               f"{len(self.shared_pages[rid])} shared pages; it gives them up first (unshare)")
         self.pages.release_last(rid, have - quota)
         self.low[rid] = min(self.low.get(rid, quota), quota)
         self.table[slot, quota:have] = PAD_BLOCK
         self.mark(slot, quota, have)
         self.evicted_columns += have - quota
 
+    def release(self, rid: int, slot: int) -> None:
+        held = self.quota(rid)
+        self.drop_shared(rid)
+        self.pages.release(rid)
+        self.identity.pop(rid, None)
+        self.table[slot, :held] = PAD_BLOCK
+        self.mark(slot, 0, held)
+
+    def share(self, rid: int, slot: int, donor: int, count: int) -> list[int]:
+        """New request `rid` (an empty row) points its first `count` columns at the pages of `donor`'s first
+        `count` columns, which hold the same blocks (pool_sharing.share_prefix says when): those of the donor's own
+        pass to SHARED. `rid`'s own pages go back (the next rebalance gives it its quota). Returns the pages."""
+        theirs = self.shared_pages.setdefault(donor, [])
+        if count > len(theirs):
+            moved = self.pages.transfer_first(donor, count - len(theirs), SHARED)
+            theirs.extend(moved)
+            self.references.update(dict.fromkeys(moved, 1))
+            self.pointers += len(moved)
+        pages, held = theirs[:count], self.quota(rid)
+        for page in pages:
+            self.references[page] += 1
+        self.pointers += count
+        self.prefix_blocks_shared += count
+        self.pages.release(rid)
+        self.shared_pages[rid] = pages
+        self.table[slot, :count] = torch.tensor([self.first_page + p for p in pages], dtype=torch.int32)
+        self.table[slot, count:held] = PAD_BLOCK
+        self.mark(slot, 0, max(count, held))
+        return pages
+
+    def unshare(self, rid: int, slot: int, quota: int) -> None:
+        """`rid` stops being exact at `quota` columns: it points at no shared page, its own pages come first in its
+        row (at most `quota` of them; the rebalance grows it to `quota` after every shrink). Host tables only: the
+        caller copies the row's blocks from the old pages to the new (pool_rebalance.rebalance)."""
+        held = self.quota(rid)
+        self.drop_shared(rid)
+        self.identity.pop(rid, None)
+        own = self.pages.table(rid)
+        keep = min(quota, len(own))
+        self.pages.release_last(rid, len(own) - keep)
+        self.table[slot, :keep] = torch.tensor([self.first_page + p for p in own[:keep]], dtype=torch.int32)
+        self.table[slot, keep:held] = PAD_BLOCK
+        self.mark(slot, 0, held)
+        if quota < held:
+            self.low[rid] = min(self.low.get(rid, quota), quota)
+            self.evicted_columns += held - quota
+
+    def drop_shared(self, rid: int) -> list[int]:
+        """`rid` points at no shared page any more (its columns still do, until the caller rewrites them): each
+        page that no other row points at goes back to the free list. Returns the pages it pointed at."""
+        pages = self.shared_pages.pop(rid, [])
+        self.pointers -= len(pages)
+        freed = []
+        for page in pages:
+            self.references[page] -= 1
+            if not self.references[page]:
+                del self.references[page]
+                freed.append(page)
+        self.pages.release_pages(SHARED, freed)
+        return pages
+
     def usage(self) -> dict:
         return {"pages": self.pages.num_pages, "used": self.pages.num_used,
                 "exact_requests": sum(self.exact.values()), "requests": len(self.exact),
-                "evicted_columns": self.evicted_columns}
+                "evicted_columns": self.evicted_columns, "shared_pages": len(self.references),
+                "saved_pages": self.saved_pages(), "prefix_blocks_shared": self.prefix_blocks_shared,
+                "prefix_blocks_copied": self.prefix_blocks_copied}
 
 
 def quota_at(runs: list[list[int]], step: int) -> int:
@@ -215,7 +320,8 @@ def dip_at(runs: list[list[int]], step: int) -> int | None:
 
 def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pages: torch.Tensor,
                  last_selection: torch.Tensor, dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
-                 brake_state: torch.Tensor | None = None, by_recency: list[bool] | None = None) -> None:
+                 brake_state: torch.Tensor | None = None, by_recency: list[bool] | None = None,
+                 dst_pages: torch.Tensor | None = None, reordered: list[bool] | None = None) -> None:
     """Before the quotas of `slots` fall to `keeps` columns: per slot and KV head, move the blocks to keep into
     columns [0, keep) (their K and V with them) and empty the rest. Kept first: the blocks of the slot's last
     selection, best first (its order); then its other held blocks, newest first (never by column: a row's column
@@ -227,7 +333,10 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     it); dev_k, dev_v : [P, Hkv, S, D] the device store; max_blocks : blocks a request can have (every index is
     below); brake_state : the layer's recall brake state, whose judgement of the slots' last recall is dropped
     (their columns moved); by_recency : per slot, its last selection ignored (newest first throughout): a row
-    exact in a step since its last sparse one, whose selection is stale where that step ran on the exact path."""
+    exact in a step since its last sparse one, whose selection is stale where that step ran on the exact path;
+    dst_pages : [S, R] int32 (device) the slots' column pages after the change, where they differ (a row that gives
+    up its shared pages: its blocks move to its own); reordered : per slot, False: its columns keep their order
+    (only their pages change; its brake state stands)."""
     device = resident.device
     index = torch.tensor(slots, dtype=torch.long, device=device)
     keep = torch.tensor(keeps, dtype=torch.long, device=device).view(-1, 1, 1)
@@ -248,11 +357,15 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     position = rank.gather(2, torch.where(held, rows.long(), max_blocks))
     key = torch.where(held & (position >= 0), position,  # the other held blocks newest first, then the empty
                       torch.where(held, topk + max_blocks - rows.long(), topk + max_blocks + column))
+    if reordered is not None and not all(reordered):
+        in_place = torch.tensor([not r for r in reordered], dtype=torch.bool, device=device).view(-1, 1, 1)
+        key = torch.where(in_place, column, key)
     order = torch.sort(key, dim=2, stable=True).indices  # [S, Hkv, R] source column of each new column
     kept = torch.where(column < keep, rows.gather(2, order), PAD_BLOCK)
     head = torch.arange(num_kv_heads, device=device).view(1, -1, 1)
     page_of = pages.long().unsqueeze(1).expand(-1, num_kv_heads, -1)  # [S, Hkv, R]
-    src, dst = page_of.gather(2, order) * num_kv_heads + head, page_of * num_kv_heads + head
+    new_page_of = page_of if dst_pages is None else dst_pages.long().unsqueeze(1).expand(-1, num_kv_heads, -1)
+    src, dst = page_of.gather(2, order) * num_kv_heads + head, new_page_of * num_kv_heads + head
     scratch = (dev_k.shape[0] - 1) * num_kv_heads + head  # the store's scratch page: the rows that move nothing
     moves = (kept != PAD_BLOCK) & (src != dst)
     src, dst = torch.where(moves, src, scratch).flatten(), torch.where(moves, dst, scratch).flatten()
@@ -261,5 +374,7 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
         flat[dst] = flat[src]  # the right side is gathered first: overlapping moves are safe (no mask: no sync)
     resident.index_copy_(0, index, kept.to(resident.dtype))
     if brake_state is not None:
-        brake_state[index, :, MOVED] = 0
-        brake_state[index, :, FRESH:] = 0
+        moved = index if reordered is None else \
+            torch.tensor([slot for slot, r in zip(slots, reordered) if r], dtype=torch.long, device=device)
+        brake_state[moved, :, MOVED] = 0
+        brake_state[moved, :, FRESH:] = 0

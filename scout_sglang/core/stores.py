@@ -151,6 +151,11 @@ class AssignedPages:
                                "from a decode step's token slots); rebind it from the pool's table first")
         return pages
 
+    def span(self, rid: int, first: int, count: int) -> list[int]:
+        """The pages of `rid`'s blocks [first, first + count) as recorded: a block whose page only the device knows
+        has its marker, which equals no page (a comparison of two requests' prefixes)."""
+        return self._tables.get(rid, [])[first: first + count]
+
     def assign_unknown(self, rid: int, block: int, key: int) -> None:
         """Block `block` of `rid` (the next) has a page the host does not know: a marker unique to (slot, block)
         (`key`) holds its place, counted as one page in use until a rebind names it."""
@@ -476,8 +481,8 @@ class OffloadedStore:
         return pages[self.sink_blocks + (block - self.sink_blocks) % (self.local_blocks + 1)]
 
     def resident_page(self, rid: int, slot_index: int) -> int:
-        if self.pool is not None:
-            return self.pool.first_page + self.pool.page_list(rid)[slot_index]
+        if self.pool is not None:  # a shared prefix's pages first (pool_sharing.py), then its own
+            return self.pool.first_page + (self.pool.shared_pages.get(rid, []) + self.pool.page_list(rid))[slot_index]
         return self.device_pages.table(rid)[self.window_width + slot_index]
 
     def window_blocks(self, num_tokens: int) -> list[int]:

@@ -7,11 +7,15 @@ the other, in the same run:
   scout-radix     --attention-backend scout --page-size <block size>   (the radix cache on, SGLang's default)
   scout-no-radix  --attention-backend scout --disable-radix-cache
   stock-radix     the stock backend (torch_native on the CPU, triton on a GPU), radix cache on
+  scout-radix-resident  scout with SCOUT_RESIDENT_FIRST=on and a pool of --resident-pool-blocks (radix cache on)
 
 Reported per server: request and output throughput, mean and median time to first token, the prompt tokens
 prefilled (SGLang's prompt tokens minus its cached tokens, from /metrics) and, for scout, its prefix hits and
 the host bytes the radix cache held at the end. The two scout servers' answers (greedy, token ids) must be
 identical: the run fails otherwise. The target: scout-radix at least 1.5x scout-no-radix's throughput.
+For the resident-first server: the share of its recent decoded tokens attended exactly, the prefix blocks its
+adopting requests took from a running request's resident row (held once) or copied from the host store, and how
+many of its answers equal the stock server's (every exact answer does; a request that went sparse may not).
 
 Writes benchmarks/results/prefix.{json,md,png}:
 
@@ -29,12 +33,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STOCK_BACKEND = {"cpu": "torch_native", "cuda": "triton"}
-SERVERS = ("scout-radix", "scout-no-radix", "stock-radix")
+SERVERS = ("scout-radix", "scout-no-radix", "stock-radix", "scout-radix-resident")
 TARGET = 1.5  # scout-radix over scout-no-radix, output throughput
 
 
@@ -48,6 +53,8 @@ def server_args(kind: str, args) -> tuple[list[str], dict]:
     if kind == "stock-radix":
         return ["--attention-backend", STOCK_BACKEND[args.device], *common], {}
     env = {"SCOUT_CONFIG": args.scout_config, "SCOUT_CPU_GROUPS": "1"}
+    if kind == "scout-radix-resident":
+        env |= {"SCOUT_RESIDENT_FIRST": "on", "SCOUT_RESIDENT_POOL_BLOCKS": str(args.resident_pool_blocks)}
     radix = ["--disable-radix-cache"] if kind == "scout-no-radix" else []
     return ["--attention-backend", "scout", *common, *radix], env
 
@@ -84,7 +91,16 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
     log(f"{kind}: starting the server ({' '.join(extra)})")
     with launched_server(model_path, *extra, env=env, log_path=workdir / f"{kind}.log", device=args.device) as base:
         start = time.perf_counter()
-        result = bench_serving(base, model_path, args, workdir / f"{kind}.jsonl")
+        samples, stop = [], threading.Event()
+        watcher = threading.Thread(target=watch_pool, args=(base, stop, samples))
+        if kind == "scout-radix-resident":
+            watcher.start()
+        try:
+            result = bench_serving(base, model_path, args, workdir / f"{kind}.jsonl")
+        finally:
+            stop.set()
+            if watcher.is_alive():
+                watcher.join()
         log(f"{kind}: {result['completed']} requests in {time.perf_counter() - start:.1f} s, "
             f"{result['output_throughput']:.1f} output tokens/s")
         time.sleep(1.0)  # the last request's metrics land
@@ -109,7 +125,25 @@ def run_server(kind: str, model_path: str, args, workdir: Path) -> dict:
         row["prefill_tokens_saved"] = stats["prefix"]["prefill_tokens_saved"]
         row["host_bytes_cached"] = stats["memory"]["host_bytes_cached"]
         row["request_failures"] = sum(stats["request_failures"].values())
+        row["cpu_blocks"] = stats["cpu_blocks"]
+    if stats is not None and stats["resident_pool"] is not None:
+        pool = stats["resident_pool"]
+        row |= {"recent_exact_share": pool["recent_exact_share"], "pool_pages": pool["pages"],
+                "prefix_blocks_shared": pool["prefix_blocks_shared"], "prefix_blocks_copied": pool["prefix_blocks_copied"]}
+        busiest = max(samples, key=lambda sample: (sample["requests"], sample["used"]), default=None)
+        row["busiest"] = busiest  # the pool when it held the most requests (every 0.3 s): how many were exact
     return row
+
+
+def watch_pool(base: str, stop: threading.Event, samples: list) -> None:
+    """The resident pool's use every 0.3 s while the workload runs."""
+    from scout_sglang.server.client import scout_stats
+
+    while not stop.is_set():
+        pool = scout_stats(base)["resident_pool"]
+        samples.append({key: pool[key] for key in ("requests", "exact_requests", "used", "shared_pages",
+                                                   "saved_pages")})
+        stop.wait(0.3)
 
 
 def summarize(rows: list[dict], args) -> dict:
@@ -129,6 +163,8 @@ def summarize(rows: list[dict], args) -> dict:
         "scout_radix_over_stock_radix": round(radix["output_throughput"] / by["stock-radix"]["output_throughput"], 3)
         if by.get("stock-radix", {}).get("output_throughput") else None,
         "identical_answers": identical,
+        "resident_answers_equal_to_stock": sum(a == b for a, b in zip(by["scout-radix-resident"]["texts"],
+                                                                      by["stock-radix"]["texts"])),
         "target": TARGET,
         "meets_target": speedup >= TARGET and identical,
     }
@@ -156,7 +192,19 @@ def write_results(summary: dict) -> None:
               f"throughput of scout without it (target {summary['target']}x: "
               f"{'met' if summary['meets_target'] else 'NOT met'}); "
               f"{summary['scout_radix_over_stock_radix']}x the stock backend with its radix cache.",
-              f"- Answers of the two scout servers identical: {summary['identical_answers']}.", ""]
+              f"- Answers of the two scout servers identical: {summary['identical_answers']}."]
+    resident = next(row for row in summary["rows"] if row["server"] == "scout-radix-resident")
+    busiest = resident["busiest"] or {}
+    lines += [f"- Resident-first under the radix cache (a pool of {resident['pool_pages']} pages): at its busiest, "
+              f"{busiest.get('exact_requests')} of {busiest.get('requests')} running requests exact in "
+              f"{busiest.get('used')} pages, {busiest.get('saved_pages')} more saved by sharing (each group's prefix "
+              f"held once in {busiest.get('shared_pages')} shared pages); "
+              f"{resident['recent_exact_share']:.2f} of the recent decoded tokens attended exactly, "
+              f"{resident['cpu_blocks']} blocks attended on the CPU; the adopting requests took "
+              f"{resident['prefix_blocks_shared']} prefix blocks from a running request's resident row (held once) "
+              f"and copied {resident['prefix_blocks_copied']} from the host store; "
+              f"{summary['resident_answers_equal_to_stock']} of {resident['completed']} answers equal the stock "
+              "server's.", ""]
     (RESULTS / "prefix.md").write_text("\n".join(lines))
     plot(summary)
 
@@ -169,12 +217,17 @@ def plot(summary: dict) -> None:
 
     rows = summary["rows"]
     names = [row["server"] for row in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
     for ax, key, title in zip(axes, ("output_throughput", "mean_ttft_ms", "prefill_tokens_computed"),
                               ("output tokens/s", "mean time to first token (ms)", "prompt tokens prefilled")):
-        ax.bar(names, [row[key] for row in rows], color=["tab:green", "tab:gray", "tab:blue"][:len(rows)])
+        ax.bar(names, [row[key] for row in rows], color=["tab:green", "tab:gray", "tab:blue", "tab:olive"][:len(rows)])
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=15)
+    busiest = next((row["busiest"] for row in rows if row.get("busiest")), None)
+    if busiest:  # the resident pool at its busiest: what sharing held, what a copy per request would have taken
+        axes[3].bar(["prefixes once", "a copy each"], [busiest["used"], busiest["used"] + busiest["saved_pages"]],
+                    color=["tab:olive", "tab:gray"])
+        axes[3].set_title(f"resident pool pages, {busiest['exact_requests']} of {busiest['requests']} exact")
     fig.suptitle(f"shared-prefix workload: scout radix on / off = {summary['scout_radix_over_no_radix']:.2f}x")
     fig.tight_layout()
     fig.savefig(RESULTS / "prefix.png", dpi=110)
@@ -198,6 +251,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-running", type=int, default=16)
     parser.add_argument("--max-total-tokens", type=int, default=65536)
     parser.add_argument("--scout-config", default="tiny")
+    parser.add_argument("--resident-pool-blocks", type=int, default=1536,
+                        help="the resident-first server's pool, in blocks of every offloaded layer: 16 running "
+                             "requests of the default workload (about 3,750 tokens each, some 3,500 of them their "
+                             "group's prefix) take about 1,300 with each group's prefix once, 3,750 with a copy each")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--quick", action="store_true", help="2 groups x 3 requests, 1k-token system prompts; "
                         "prints one JSON line, writes nothing")

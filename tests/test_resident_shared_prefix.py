@@ -42,11 +42,15 @@ def test_a_shared_prefix_counts_once_and_its_pages_outlive_each_holder():
 
     pool.release(0, 0)  # the donor leaves: the pages 1 and 2 point at stay
     assert pool.pages.count(SHARED) == 4 and pool.quota(1) == 4 and pool.saved_pages() == 3
-    pool.unshare(1, 1, quota=3)  # request 1 stops fitting: its row has no page now, it grows to 3 of its own
-    assert pool.quota(1) == 0 and pool.pages.count(SHARED) == 3 and pool.saved_pages() == 0
-    assert pool.low[1] == 3 and pool.evicted_columns == 1
-    pool.grow(1, 1, 3)
-    assert set(pool.table[1, :3].tolist()).isdisjoint(pool.table[2, :3].tolist())
+    pool.grow(1, 1, 6)  # two pages of its own, columns 4 and 5
+    own = pool.table[1, 4].item()
+    pool.unshare(1, 1, quota=5)  # request 1 stops fitting: its shared columns are owed pages, its own stay put
+    assert pool.quota(1) == 1 and pool.owed == {1: 4} and pool.table[1, 4] == own and pool.table[1, 5] == PAD_BLOCK
+    assert pool.pages.count(SHARED) == 3 and pool.saved_pages() == 0 and pool.low[1] == 5 and pool.evicted_columns == 1
+    pool.repay(1, 1)
+    assert pool.quota(1) == 5 and pool.table[1, 4] == own and PAD_BLOCK not in pool.table[1, :5].tolist()
+    assert set(pool.table[1, :5].tolist()).isdisjoint(pool.table[2, :3].tolist())
+    pool.pages.check_consistent()
     pool.release(2, 2)
     pool.release(1, 1)
     assert pool.pages.num_used == 0 and not pool.references and pool.pointers == 0
@@ -97,22 +101,22 @@ def make_engine(pool_blocks, max_requests=3):
                              max_tokens_per_request=256, total_pages=HOST_PAGES, assigned_pages=True)
 
 
-def join(ramp, radix, rid, length, owner=None):
-    """Request `rid` of `length` tokens; with `owner` (running or finished), its first PREFIX tokens are the
+def join(ramp, radix, rid, length, owner=None, prefix=PREFIX):
+    """Request `rid` of `length` tokens; with `owner` (running or finished), its first `prefix` tokens are the
     owner's (the same K/V in every layer), adopted from the radix cache, and only the rest is prefilled."""
     engine = ramp.engine
     engine.add_request(rid)
     start = 0
     if owner is not None:
-        radix.pages[rid] = radix.pages[owner][:PREFIX // BLOCK]
-        engine.adopt_prefix(rid, PREFIX, list(radix.pages[rid]))
-        start = PREFIX
+        radix.pages[rid] = radix.pages[owner][:prefix // BLOCK]
+        engine.adopt_prefix(rid, prefix, list(radix.pages[rid]), filling_to=length)
+        start = prefix
     engine.assign_pages(rid, start // BLOCK, radix.grow(rid, length))
     for layer in range(SHAPE.num_layers):
         k, v = ramp._randn(length, SHAPE.num_kv_heads), ramp._randn(length, SHAPE.num_kv_heads)
         if owner is not None:
             k0, v0 = ramp.kv[owner, layer]
-            k, v = torch.cat([k0[:PREFIX], k[PREFIX:]]), torch.cat([v0[:PREFIX], v[PREFIX:]])
+            k, v = torch.cat([k0[:prefix], k[prefix:]]), torch.cat([v0[:prefix], v[prefix:]])
         ramp.kv[rid, layer] = (k, v)
         engine.extend(rid, layer, start, k[start:], v[start:])
 
@@ -280,7 +284,7 @@ def test_adopted_prefixes_through_the_switch_match_the_oracle(pool_blocks):
             start = 0 if rid == 0 else PREFIX
             if rid:
                 radix.pages[rid] = radix.pages[0][:PREFIX // BLOCK]
-                engine.adopt_prefix(rid, PREFIX, list(radix.pages[rid]))
+                engine.adopt_prefix(rid, PREFIX, list(radix.pages[rid]), filling_to=length)
             engine.assign_pages(rid, start // BLOCK, radix.grow(rid, length))
             for layer in range(shape.num_layers):
                 k, v = driver.prompts[(rid, layer)]
@@ -297,3 +301,85 @@ def test_adopted_prefixes_through_the_switch_match_the_oracle(pool_blocks):
     else:
         assert 0 < report.exact_rows < rows and report.cpu_blocks > 0 and report.quota_shrinks > 0
         assert report.exact_path_rows > 0
+
+
+def test_a_donor_cut_beside_an_adopter_that_stays_exact_gives_its_shared_pages_up():
+    """Request 0 (the donor, 21 blocks outside its window) and request 1 (9, all of them the shared prefix) fit a
+    pool of 23 only shared. Request 2 joins: the level cuts the donor, not the adopter. The donor gives up its
+    shared pages (the adopter keeps them, their only holder now) for pages of its own; the adopter stays exact,
+    on the selecting path beside a sparse row. Each decodes throughout as it does alone at its recorded quotas."""
+    engine, radix = make_engine(23), RadixPages()
+    ramp, steps = Ramp(engine), {rid: [] for rid in range(3)}
+    try:
+        join(ramp, radix, 0, PREFIX + 100)
+        join(ramp, radix, 1, PREFIX + 5, owner=0)
+        pool = engine.pool
+        assert pool.saved_pages() == 9 and pool.exact == {0: True, 1: True}
+        prompts = {rid: [ramp.kv[rid, layer] for layer in range(SHAPE.num_layers)] for rid in (0, 1)}
+        for rids, count in (([0, 1], 2), ([0, 1, 2], 4)):
+            if 2 in rids and 2 not in engine.requests:
+                join(ramp, radix, 2, 48)
+                assert pool.exact == {0: False, 1: True, 2: True} and 0 not in pool.shared_pages
+                assert pool.references == dict.fromkeys(pool.shared_pages[1], 1) and pool.saved_pages() == 0
+                donor = pool.table[engine.requests[0].slot, :pool.quota(0)].tolist()
+                assert set(donor).isdisjoint(pool.shared_pages[1])
+            for _ in range(count):
+                assign_started_blocks(engine, radix, rids)
+                kept, _ = recorded_step(engine, ramp, rids)
+                for rid, layers in kept.items():
+                    steps[rid].append(layers)
+        runs = {rid: engine.pool.runs[rid] for rid in (0, 1)}
+        pool.pages.check_consistent()
+    finally:
+        engine.close()
+    for rid in (0, 1):
+        outs = replay_alone(alone_engine(engine.config), rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
+        for step, (layers, again) in enumerate(zip(steps[rid], outs)):
+            for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
+                torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5,
+                                           msg=f"request {rid} step {step} layer {layer}")
+
+
+def test_an_adopter_that_cannot_be_exact_shares_nothing():
+    """A pool of 12 holds the donor's 9 columns; the adopter's prefill chunk makes it 24 blocks, 9 of them the
+    shared prefix, more than its share of the pool with them: it shares nothing (the donor's pages stay its own)
+    and starts sparse, its row empty."""
+    engine, radix = make_engine(12), RadixPages()
+    ramp = Ramp(engine)
+    try:
+        join(ramp, radix, 0, PREFIX + 5)
+        join(ramp, radix, 1, PREFIX + 120, owner=0)
+        pool = engine.pool
+        assert not pool.shared_pages and pool.pages.count(SHARED) == 0 and pool.prefix_blocks_shared == 0
+        assert not pool.exact[1] and 1 not in pool.settled
+        slot = engine.requests[1].slot
+        assert all((engine.offloaded.resident_map[layer][slot] == PAD_BLOCK).all() for layer in engine.offloaded_layers)
+        assign_started_blocks(engine, radix, [0, 1])
+        ramp.step([0, 1])
+    finally:
+        engine.close()
+
+
+def test_a_prefix_partly_held_by_a_running_row_is_shared_that_far_and_copied_for_the_rest():
+    """Request 0 wrote 16 blocks; request 1 adopted its first 12 (11 outside the window once its prefill moves its
+    window's two out) and went on with its own; request 0 finished. Request 2 adopts request 0's first 16 blocks:
+    request 1's row holds the first 11 outside the window in block order, the next two only the host store has.
+    Request 2 shares 11 and copies 2, starts settled on the exact path, and decodes as dense attention."""
+    engine, radix = make_engine(40), RadixPages()
+    ramp = Ramp(engine)
+    try:
+        join(ramp, radix, 0, 16 * BLOCK + 5)
+        join(ramp, radix, 1, PREFIX + 24, owner=0)
+        ramp.leave(0)
+        poison_free_pages(engine)
+        join(ramp, radix, 2, 16 * BLOCK + 9, owner=0, prefix=16 * BLOCK)
+        pool = engine.pool
+        assert len(pool.shared_pages[2]) == 11 and pool.shared_pages[2] == pool.shared_pages[1][:11]
+        assert pool.prefix_blocks_copied == 2 and pool.settled >= {1, 2}
+        for _ in range(3):
+            assign_started_blocks(engine, radix, [1, 2])
+            errors, exact, telemetry = ramp.step([1, 2])
+            assert all(exact.values()) and telemetry.exact_path_steps == 1
+            assert max(errors.values()) < 1e-4, errors
+    finally:
+        engine.close()

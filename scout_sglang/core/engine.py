@@ -399,10 +399,11 @@ class CoAttentionEngine:
             changed = max(changed, self.full_store.tables.rebind(rid, slot, pages))
         return changed
 
-    def adopt_prefix(self, rid: int, num_tokens: int, pages: list[int]) -> None:
+    def adopt_prefix(self, rid: int, num_tokens: int, pages: list[int], *, filling_to: int = 0) -> None:
         """A new request starts with a cached prefix of `num_tokens` tokens (whole blocks) in `pages`, written by
         an earlier request (assigned_pages): it shares those blocks and their digests, and copies the ones its
-        window holds (sink and local) to its own window pages. Prefill then continues at `num_tokens`."""
+        window holds (sink and local) to its own window pages. Prefill then continues at `num_tokens`; filling_to:
+        the tokens it holds once that prefill chunk is stored (resident-first plans its quota at them)."""
         state = self.requests[rid]
         if not (self.offloaded.assigned or not self.offloaded_layers) or \
                 not (self.full_store.assigned or not self.full_layers):
@@ -417,7 +418,7 @@ class CoAttentionEngine:
             wait_for_device(self.device)
         for layer in self.offloaded_layers:
             self.offloaded.fill_window_from_host(layer, rid, num_tokens)
-        state.num_tokens = num_tokens
+        state.num_tokens, state.filling_to = num_tokens, filling_to
         if self.pool is not None:  # the prefix's blocks outside the window in its row: shared, copied or filled later
             adopt_rows(self, rid, num_tokens)
 
@@ -573,6 +574,7 @@ class CoAttentionEngine:
                          blocks[-1])
             self.pool.exact[rid] = False  # the next rebalance makes it exact again, and its first fill takes them all
             self.pool.settled.discard(rid)
+            self.pool.identity.pop(rid, None)  # its first fill may take any empty column
             return
         pages = self.pool.table[slot, columns].long().to(self.device)
         store.dev_k[layer][pages] = torch.cat(parts_k)

@@ -73,6 +73,13 @@ class PageAllocator:
         self._free.extend(reversed(freed))
         return freed
 
+    def allocate_first(self, request_id: int, count: int) -> list[int]:
+        """Put `count` pages before a request's others (a resident row's first columns); all or nothing."""
+        pages = self.allocate(request_id, count)
+        table = self._tables[request_id]
+        table[:] = table[len(table) - count:] + table[:len(table) - count]
+        return pages
+
     def transfer_first(self, request_id: int, count: int, to: int) -> list[int]:
         """Move the first `count` pages of a request's table to the end of `to`'s (a resident row's first columns
         that become a shared prefix's pages); returns them."""
@@ -86,6 +93,8 @@ class PageAllocator:
 
     def release_pages(self, request_id: int, released: list[int]) -> None:
         """Free these pages of a request's table, wherever they are in it."""
+        if not released:
+            return
         pages = self._tables.get(request_id, [])
         gone = set(released)
         if len(gone) != len(released) or not gone <= set(pages):

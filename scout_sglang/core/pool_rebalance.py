@@ -15,8 +15,10 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
     """Resident-first: every admitted request's quota of the pool (resident_pool.py), from its blocks outside
     the window after `tokens` (rid -> tokens; the others: what they hold). Shrinking quotas first: their rows
     are compacted (the blocks of the last selection kept, best first, then the newest; a row that ran a step exact
-    since its last sparse one: the newest) and their pages go back; then the growing ones; a request that turns exact has its fill flags cleared, so its next fill takes every block; one
-    that stops fitting before its first step starts from an empty row, as any sparse request does. dips: a
+    since its last sparse one: the newest) and their pages go back; a row that stops being exact gives up the
+    shared pages of a cached prefix (pool_sharing.py), its blocks moved to pages of its own in the same copy; then
+    the growing ones. A request that turns exact has its fill flags cleared, so its next fill takes every block;
+    one that stops fitting before its first step starts from an empty row, as any sparse request does. dips: a
     replay's quotas before a step whose run recorded a dip (resident_pool.ResidentPool.record)."""
     pool, store = engine.pool, engine.offloaded
     needed, quotas = pool_quotas(engine, tokens, dips=dips)
@@ -31,13 +33,17 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
                  if rid in pool.shared_pages and (quota < needed[rid] or rid in compacted)}
     for rid in compacted:
         pool.identity.pop(rid, None)
-    moving = [rid for rid in quotas if rid in compacted or rid in unsharing]
+    # A row that stops fitting before its first step is emptied below: nothing of it needs moving.
+    emptied = {rid for rid, quota in quotas.items() if not engine.requests[rid].steps and quota < needed[rid]}
+    moving = [rid for rid in quotas if (rid in compacted or rid in unsharing) and rid not in emptied]
     slots = [engine.requests[rid].slot for rid in moving]
     before = store.resident_page_table[slots].clone() if moving else None
     for rid in unsharing:
         pool.unshare(rid, engine.requests[rid].slot, quotas[rid])
     for rid, quota in quotas.items():  # every shrink first, its pages back: the compacted rows' and the others'
         pool.shrink(rid, engine.requests[rid].slot, quota)
+    for rid in unsharing:  # their first columns' pages, after every shrink freed its pages
+        pool.repay(rid, engine.requests[rid].slot)
     for rid, quota in quotas.items():
         pool.grow(rid, engine.requests[rid].slot, quota)
     if moving:  # one set of ops per layer for all of them, after every page changed hands (a page one row frees

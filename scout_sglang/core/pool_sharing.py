@@ -13,9 +13,12 @@ SHARED holder, each counted once. Nothing writes them while shared:
 - a shared column is in an exact row, whose held blocks a step never moves (its fill and admission take empty
   columns, its CPU list is empty, so nothing is recalled);
 - prefill and admission write a row's columns past its prefix;
-- a row that stops being exact gives its shared pages up first: its blocks move to pages of its own in the same
-  device copy as any compaction (pool_rebalance.rebalance), so its row ends as it would have without sharing,
-  and a replay alone at its quotas decodes as it did.
+- a row that stops being exact gives its shared pages up first: its shared columns get pages of its own and
+  their blocks move in the same device copy as any compaction (pool_rebalance.rebalance), so its row ends as it
+  would have without sharing, and a replay alone at its quotas decodes as it did.
+
+A request shares only if its quota, with the pages sharing saves it, covers its blocks at the end of the prefill
+chunk it is about to store (engine.adopt_prefix's filling_to); else it would give them up at once.
 
 A request that adopts a prefix no running row holds (the requests that wrote it have finished) copies its blocks
 outside the window from its host pages into its row, in block order, when it fits: it starts settled, its first
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from scout_sglang.core.pool_rebalance import rebalance
+from scout_sglang.core.pool_rebalance import pool_quotas, rebalance
 from scout_sglang.core.stores import consecutive_runs
 
 
@@ -67,12 +70,12 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
 
 def share_prefix(engine, rid: int, num_tokens: int) -> int:
     """New request `rid` adopted a cached prefix of `num_tokens` tokens (its host pages assigned): point its
-    resident row's first columns at the longest run of them that another exact row holds in block order. Returns
-    the blocks shared (0: none; its first step fills its row from the host)."""
+    resident row's first columns at the longest run of them that another exact row holds in block order, if with
+    them it can be exact (else sharing would only be given up again). Returns the blocks shared (0: none)."""
     pool, store = engine.pool, engine.offloaded
     sink = engine.config.sink_blocks
     outside = num_tokens // engine.block_size - sink - engine.config.local_blocks
-    if outside <= 0 or not pool.exact.get(rid, False):
+    if outside <= 0 or outside > pool.width:
         return 0
     mine = store.host_pages.span(rid, sink, outside)
     best, donor = 0, None
@@ -84,7 +87,12 @@ def share_prefix(engine, rid: int, num_tokens: int) -> int:
         run = next((c for c, (a, b) in enumerate(zip(mine, theirs)) if a != b), held)
         if run > best:
             best, donor = run, other
+    # Its share of the pool as if it shared nothing, plus what sharing saves it: short of its blocks, it would not
+    # be exact (a guess: the level moves with the saving; either way nothing is lost, only a copy)
     if not best:
+        return 0
+    needed, quotas = pool_quotas(engine, {})
+    if quotas[rid] + best < needed[rid]:
         return 0
     slot = engine.requests[rid].slot
     pool.share(rid, slot, donor, best)

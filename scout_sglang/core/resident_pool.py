@@ -130,6 +130,7 @@ class ResidentPool(SlotPageTable):
         # since start-up: blocks of adopted prefixes taken from another row's pages, and copied in from the host
         self.prefix_blocks_shared = self.prefix_blocks_copied = 0
         self.identity: dict[int, int] = {}
+        self.owed: dict[int, int] = {}  # rid -> its first columns without a page between unshare and repay
 
     def quota(self, rid: int) -> int:
         return len(self.shared_pages.get(rid, ())) + self.pages.count(rid)
@@ -259,21 +260,29 @@ class ResidentPool(SlotPageTable):
         return pages
 
     def unshare(self, rid: int, slot: int, quota: int) -> None:
-        """`rid` stops being exact at `quota` columns: it points at no shared page, its own pages come first in its
-        row (at most `quota` of them; the rebalance grows it to `quota` after every shrink). Host tables only: the
-        caller copies the row's blocks from the old pages to the new (pool_rebalance.rebalance)."""
-        held = self.quota(rid)
+        """`rid` stops being exact at `quota` columns: it points at no shared page. Its own pages keep their columns
+        (those below `quota`); its first columns, the shared ones below `quota`, are owed pages of its own, which
+        `repay` gives once every shrink has freed its pages. Host tables only: the caller then copies the blocks of
+        the columns whose page changed (pool_rebalance.rebalance): the shared ones, unless the row is compacted."""
+        held, shared = self.quota(rid), len(self.shared_pages.get(rid, ()))
         self.drop_shared(rid)
         self.identity.pop(rid, None)
-        own = self.pages.table(rid)
-        keep = min(quota, len(own))
-        self.pages.release_last(rid, len(own) - keep)
-        self.table[slot, :keep] = torch.tensor([self.first_page + p for p in own[:keep]], dtype=torch.int32)
-        self.table[slot, keep:held] = PAD_BLOCK
+        kept = min(quota, held)  # columns with a page once repaid: [0, owed) new, [shared, kept) its own
+        self.pages.release_last(rid, self.pages.count(rid) - max(0, kept - shared))
+        self.owed[rid] = min(shared, quota)
+        self.table[slot, :self.owed[rid]] = PAD_BLOCK
+        self.table[slot, kept:held] = PAD_BLOCK
         self.mark(slot, 0, held)
         if quota < held:
             self.low[rid] = min(self.low.get(rid, quota), quota)
             self.evicted_columns += held - quota
+
+    def repay(self, rid: int, slot: int) -> None:
+        """Pages of its own for the first columns `unshare` left without one (they come first in its row)."""
+        owed = self.owed.pop(rid, 0)
+        if owed:
+            pages = self.pages.allocate_first(rid, owed)
+            self.table[slot, :owed] = torch.tensor([self.first_page + p for p in pages], dtype=torch.int32)
 
     def drop_shared(self, rid: int) -> list[int]:
         """`rid` points at no shared page any more (its columns still do, until the caller rewrites them): each

@@ -559,7 +559,8 @@ class ScoutAttnBackend:
                 self.req_to_token_pool.req_to_token, wanted, size)):
             if row in adopting:
                 cached = prefixes[row] // size
-                self.engine.adopt_prefix(rid, prefixes[row], pages[:cached])
+                self.engine.adopt_prefix(rid, prefixes[row], pages[:cached],
+                                         filling_to=prefixes[row] + lengths[row])
                 self.stats.add_prefix_hit(prefixes[row])
                 first, pages = cached, pages[cached:]
             self.engine.assign_pages(rid, first, pages)

@@ -76,8 +76,8 @@ GAUGES = {
                                       ("resident_pool", "recent_exact_path_share")),
     "scout_resident_evicted_columns": ("resident columns given back by shrinking quotas since start-up "
                                        "(resident-first)", ("resident_pool", "evicted_columns")),
-    "scout_resident_shared_pages": ("pages of the resident-first pool that hold a cached prefix's blocks for more "
-                                    "than one request, each kept once", ("resident_pool", "shared_pages")),
+    "scout_resident_shared_pages": ("pages of the resident-first pool that hold a cached prefix's blocks for the "
+                                    "requests that share it, each kept once", ("resident_pool", "shared_pages")),
     "scout_resident_saved_pages": ("pages of the resident-first pool that sharing cached prefixes saves now: "
                                    "the requests' columns pointing at shared pages less those pages",
                                    ("resident_pool", "saved_pages")),

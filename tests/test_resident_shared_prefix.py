@@ -130,6 +130,15 @@ def test_giving_up_shared_pages_moves_a_row_to_new_pages_in_the_same_copy_as_a_c
     assert state[1].sum() < state[2].sum() == 7
 
 
+def assert_decodes_as_alone(config, rid, prompt, steps, quota_runs):
+    """`rid` decoded alone from its whole prompt (no prefix adopted, nothing shared) at `quota_runs` gives the
+    outputs it had (recorded_step's) at every step and layer."""
+    outs = replay_alone(alone_engine(config), rid, prompt, steps, quota_runs)
+    for step, (layers, again) in enumerate(zip(steps, outs)):
+        for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
+            torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5, msg=f"request {rid} step {step} layer {layer}")
+
+
 class RadixPages:
     """SGLang's paged allocator as the engine sees it: host pages 1.. in a scrambled order; a request that adopts
     a prefix starts with its owner's pages (a radix-tree match)."""
@@ -263,11 +272,7 @@ def test_a_sharer_that_stops_fitting_copies_the_prefix_into_its_own_pages_and_de
     for rid in (0, 1):
         quotas = [quota for quota, count, *_ in runs[rid]["quota_runs"] for _ in range(count)]
         assert quotas[0] > quotas[3], runs[rid]
-        outs = replay_alone(alone_engine(engine.config), rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
-        for step, (layers, again) in enumerate(zip(steps[rid], outs)):
-            for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
-                torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5,
-                                           msg=f"request {rid} step {step} layer {layer}")
+        assert_decodes_as_alone(engine.config, rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
 
 
 def test_a_prefix_whose_writer_finished_is_copied_into_the_first_adopter_row_and_shared_by_the_next():
@@ -304,11 +309,7 @@ def test_a_prefix_whose_writer_finished_is_copied_into_the_first_adopter_row_and
         engine.close()
     assert paths == [True] * 3 + [False] * 4
     for rid in (1, 2):
-        outs = replay_alone(alone_engine(engine.config), rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
-        for step, (layers, again) in enumerate(zip(steps[rid], outs)):
-            for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
-                torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5,
-                                           msg=f"request {rid} step {step} layer {layer}")
+        assert_decodes_as_alone(engine.config, rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
 
 
 @pytest.mark.parametrize("pool_blocks", [40, 16])
@@ -385,11 +386,7 @@ def test_a_donor_cut_beside_an_adopter_that_stays_exact_gives_its_shared_pages_u
     finally:
         engine.close()
     for rid in (0, 1):
-        outs = replay_alone(alone_engine(engine.config), rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
-        for step, (layers, again) in enumerate(zip(steps[rid], outs)):
-            for layer, ((*_, out), replayed) in enumerate(zip(layers, again)):
-                torch.testing.assert_close(replayed, out, atol=1e-5, rtol=1e-5,
-                                           msg=f"request {rid} step {step} layer {layer}")
+        assert_decodes_as_alone(engine.config, rid, prompts[rid], steps[rid], runs[rid]["quota_runs"])
 
 
 def test_an_adopter_that_cannot_be_exact_shares_nothing():

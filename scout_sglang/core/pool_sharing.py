@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from scout_sglang.core.pool_rebalance import pool_quotas, rebalance
-from scout_sglang.core.stores import consecutive_runs
 
 
 def adopt_rows(engine, rid: int, num_tokens: int) -> None:
@@ -45,7 +44,7 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
     outside = num_tokens // engine.block_size - sink - engine.config.local_blocks
     if outside <= 0:
         return
-    shared = share_prefix(engine, rid, num_tokens)
+    shared = share_prefix(engine, rid, outside)
     rebalance(engine, {})
     if not pool.exact[rid]:
         pool.settled.discard(rid)
@@ -55,12 +54,7 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
         host = store.host_pages.span(rid, sink + shared, outside - shared)
         pages = pool.table[slot, shared:outside].long().to(engine.device)
         for layer in engine.offloaded_layers:
-            for first, count in consecutive_runs(host):  # page-locked slices on a GPU: no bounce, no host gather
-                into = pages[first:first + count]
-                store.dev_k[layer][into] = store.host_k[layer][host[first]:host[first] + count].to(engine.device,
-                                                                                                   non_blocking=True)
-                store.dev_v[layer][into] = store.host_v[layer][host[first]:host[first] + count].to(engine.device,
-                                                                                                   non_blocking=True)
+            store.load_from_host(layer, host, pages)
             store.resident_map[layer][slot, :, shared:outside] = torch.arange(
                 sink + shared, sink + outside, dtype=torch.int32, device=engine.device)
     pool.prefix_blocks_copied += outside - shared
@@ -68,14 +62,14 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
     pool.settled.add(rid)
 
 
-def share_prefix(engine, rid: int, num_tokens: int) -> int:
-    """New request `rid` adopted a cached prefix of `num_tokens` tokens (its host pages assigned): point its
-    resident row's first columns at the longest run of them that another exact row holds in block order, if with
-    them it can be exact (else sharing would only be given up again). Returns the blocks shared (0: none)."""
+def share_prefix(engine, rid: int, outside: int) -> int:
+    """New request `rid` adopted a cached prefix with `outside` blocks outside its window (its host pages
+    assigned): point its resident row's first columns at the longest run of them that another exact row holds in
+    block order, if with them it can be exact (else sharing would only be given up again). Returns the blocks
+    shared (0: none)."""
     pool, store = engine.pool, engine.offloaded
     sink = engine.config.sink_blocks
-    outside = num_tokens // engine.block_size - sink - engine.config.local_blocks
-    if outside <= 0 or outside > pool.width:
+    if outside > pool.width:
         return 0
     mine = store.host_pages.span(rid, sink, outside)
     best, donor = 0, None

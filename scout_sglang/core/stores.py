@@ -512,10 +512,18 @@ class OffloadedStore:
         if not blocks:
             return
         table = self.host_pages.table(rid)
-        host = torch.tensor([table[j] for j in blocks], dtype=torch.long)
         window = torch.tensor([self.window_page(rid, j) for j in blocks], device=self.device)
-        self.dev_k[layer][window] = self.host_k[layer][host].to(self.device)
-        self.dev_v[layer][window] = self.host_v[layer][host].to(self.device)
+        self.load_from_host(layer, [table[j] for j in blocks], window)
+
+    def load_from_host(self, layer: int, host: list[int], into: torch.Tensor) -> None:
+        """Device pages `into` ([n] on the device) take host pages `host` (n of them), one copy per run of
+        consecutive host pages: page-locked slices on a GPU, no bounce buffer and no gather on the host."""
+        for first, count in consecutive_runs(host):
+            pages = into[first:first + count]
+            self.dev_k[layer][pages] = self.host_k[layer][host[first]:host[first] + count].to(self.device,
+                                                                                              non_blocking=True)
+            self.dev_v[layer][pages] = self.host_v[layer][host[first]:host[first] + count].to(self.device,
+                                                                                              non_blocking=True)
 
     def copy_blocks_to_host(self, layer: int, rid: int, blocks: list[int], k_blocks: torch.Tensor,
                             v_blocks: torch.Tensor) -> None:

@@ -24,11 +24,14 @@ def compile_for_hopper(kernel, constexprs: dict) -> str:
     return compiled_for_hopper(kernel, constexprs).asm["ptx"]
 
 
-def compiled_for_hopper(kernel, constexprs: dict):
-    """The compiled kernel (its PTX in .asm["ptx"], the shared memory it needs in .metadata.shared)."""
+def compiled_for_hopper(kernel, constexprs: dict, num_warps: int | None = None):
+    """The compiled kernel (its PTX in .asm["ptx"], the shared memory it needs in .metadata.shared), at
+    `num_warps`, by default the warps the engine launches it with at these constexprs (sizes.warps_for)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from scout_sglang.kernels.triton.sizes import warps_for
 
     def arg_type(name):
         if name in constexprs:
@@ -42,4 +45,4 @@ def compiled_for_hopper(kernel, constexprs: dict):
 
     signature = {name: arg_type(name) for name in kernel.arg_names}
     return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32))
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps or warps_for(constexprs)))

@@ -62,25 +62,33 @@ def kernel_and_constants(stage: str, width: int):
     raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
 
 
-def compile_once(stage: str, width: int) -> dict:
-    """In the child: compile and report seconds and PTX size as the last stdout line."""
+def compile_once(stage: str, width: int, warps: int = 0) -> dict:
+    """In the child: compile (at `warps`, 0: the engine's) and report seconds, PTX size, shared memory and warps as
+    the last stdout line."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hopper_compile import compiled_for_hopper
 
     kernel, constants = kernel_and_constants(stage, width)
     started = time.perf_counter()
-    compiled = compiled_for_hopper(kernel, constants)
+    compiled = compiled_for_hopper(kernel, constants, num_warps=warps or None)
     return {"seconds": round(time.perf_counter() - started, 1), "ptx_kb": round(len(compiled.asm["ptx"]) / 1000),
-            "shared_kib": round(compiled.metadata.shared / 1024, 1)}
+            "shared_kib": round(compiled.metadata.shared / 1024, 1), "warps": compiled.metadata.num_warps}
 
 
-def measured(stage: str, width: int, timeout: float) -> dict:
-    """One compile in a child process without the interpreter: status compiled, refused (with the reason) or
-    timeout."""
+def engine_warps(stage: str, width: int) -> int:
+    """The warps the engine launches `stage` with at `width` (sizes.warps_for)."""
+    from scout_sglang.kernels.triton.sizes import warps_for
+
+    return warps_for(kernel_and_constants(stage, width)[1])
+
+
+def measured(stage: str, width: int, timeout: float, warps: int = 0) -> dict:
+    """One compile (at `warps`, 0: the engine's) in a child process without the interpreter: status compiled,
+    refused (with the reason) or timeout."""
     row = {"stage": stage, "width": width}
     cache = tempfile.mkdtemp(prefix="kernel-widths-")  # a cold compile: Triton's cache would answer a rerun
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": cache}
-    command = [sys.executable, "-P", __file__, "--child", stage, str(width)]
+    command = [sys.executable, "-P", __file__, "--child", stage, str(width), str(warps)]
     started = time.perf_counter()
     try:
         child = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -97,20 +105,35 @@ def measured(stage: str, width: int, timeout: float) -> dict:
 
 
 def sweep(widths: list[int], timeout: float, stages=STAGES) -> list[dict]:
+    """Each stage at each width at the engine's warps, and where those are more than Triton's default, at the
+    default too (what the engine launched before: the compile time the wider programs save)."""
+    from scout_sglang.kernels.triton.sizes import DEFAULT_WARPS
+
     rows = []
     for stage in stages:
         for width in widths:
-            row = measured(stage, width, timeout)
-            rows.append(row)
-            print(f"{stage:9s} {width:5d}  {row['status']:9s} {row.get('seconds', '')} s  "
-                  f"{row.get('ptx_kb', '')} kB  {row.get('shared_kib', '')} KiB shared  {row.get('reason', '')}",
-                  flush=True)
-            if row["status"] != "compiled":  # wider only gets worse
+            warps = engine_warps(stage, width)
+            tried = [measured(stage, width, timeout)]
+            if warps != DEFAULT_WARPS:
+                tried.append(dict(measured(stage, width, timeout, DEFAULT_WARPS), default_warps=True))
+            for row in tried:
+                print(f"{stage:9s} {width:5d}  {row['status']:9s} {row.get('seconds', '')} s  "
+                      f"{row.get('ptx_kb', '')} kB  {row.get('shared_kib', '')} KiB shared  "
+                      f"{row.get('warps', '')} warps  {row.get('reason', '')}", flush=True)
+            rows += tried
+            if tried[0]["status"] != "compiled":  # wider only gets worse
                 break
     return rows
 
 
-def markdown(rows: list[dict], widths: list[int], timeout: float) -> str:
+def cell(row: dict) -> str:
+    """A table cell: compile time, PTX size, shared memory and warps, or why it did not compile."""
+    if row["status"] != "compiled":
+        return f"{row['status']} ({row['seconds']} s)"
+    return f"{row['seconds']} s, {row['ptx_kb']} kB, {row['shared_kib']} KiB, {row['warps']} warps"
+
+
+def markdown(rows: list[dict], widths: list[int], timeout: float, version: str = "") -> str:
     lines = ["# How wide a row the Triton stages compile for (sm_90, compiled here without a GPU)", "",
              "`python -P benchmarks/kernel_widths.py`: each stage compiled at each row width with Triton's real "
              f"backend (nothing runs), {timeout:g} s allowed per compile; a stage is not tried wider after a "
@@ -118,17 +141,20 @@ def markdown(rows: list[dict], widths: list[int], timeout: float) -> str:
              f"H200 gives a program up to {SHARED_LIMIT_KIB} KiB). A table of {TABLE_BLOCKS} blocks (64k tokens at "
              "blocks of 16): a 64k request has 4093 blocks outside its window. Up to 256 columns the stages "
              "compare lists all pairs; wider, they count through histograms of block ids and sort the victim "
-             "order (the split's lists at 256 are already wider: the row and the window).", "",
-             "| stage | " + " | ".join(str(width) for width in widths) + " |",
-             "|---|" + "---:|" * len(widths)]
+             "order (the split's lists at 256 are already wider: the row and the window). A program holding such a "
+             "wide row launches with more warps than Triton's default (kernels/triton/sizes.warps_for): the second "
+             f"line of a stage is the same compile at the default, what the engine launched before. Triton {version}.",
+             "", "| stage | warps | " + " | ".join(str(width) for width in widths) + " |",
+             "|---|---|" + "---:|" * len(widths)]
     for stage in dict.fromkeys(row["stage"] for row in rows):
-        cells = []
-        for width in widths:
-            row = next((row for row in rows if row["stage"] == stage and row["width"] == width), None)
-            cells.append("not tried" if row is None else
-                         f"{row['seconds']} s, {row['ptx_kb']} kB, {row['shared_kib']} KiB"
-                         if row["status"] == "compiled" else f"{row['status']} ({row['seconds']} s)")
-        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+        for default in (False, True):
+            picked = {row["width"]: row for row in rows
+                      if row["stage"] == stage and bool(row.get("default_warps")) == default}
+            if default and not picked:
+                continue
+            cells = ["not tried" if width not in picked else cell(picked[width]) for width in widths]
+            label = "the default (4)" if default else "the engine's"
+            lines.append(f"| {stage} | {label} | " + " | ".join(cells) + " |")
     reasons = {row["reason"] for row in rows if row.get("reason")}
     if reasons:
         lines += ["", "Refused because: " + "; ".join(sorted(reasons))]
@@ -141,10 +167,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds allowed per compile")
     parser.add_argument("--quick", action="store_true", help="width 32, select and split only; writes nothing")
     parser.add_argument("--out", default=str(RESULTS), help="folder for kernel_widths.{json,md}")
-    parser.add_argument("--child", nargs=2, metavar=("STAGE", "WIDTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("STAGE", "WIDTH", "WARPS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(compile_once(args.child[0], int(args.child[1]))))
+        print(json.dumps(compile_once(args.child[0], int(args.child[1]), int(args.child[2]))))
         return 0
     try:
         widths = sorted({int(width) for width in args.widths.split(",")})
@@ -158,8 +184,11 @@ def main(argv=None) -> int:
         rows = sweep(widths, args.timeout)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "kernel_widths.json").write_text(json.dumps({"timeout_s": args.timeout, "rows": rows}, indent=1))
-        (out / "kernel_widths.md").write_text(markdown(rows, widths, args.timeout))
+        import triton
+
+        (out / "kernel_widths.json").write_text(json.dumps({"timeout_s": args.timeout, "triton": triton.__version__,
+                                                            "rows": rows}, indent=1))
+        (out / "kernel_widths.md").write_text(markdown(rows, widths, args.timeout, triton.__version__))
     print(json.dumps({"timeout_s": args.timeout, "rows": rows}))
     return 0
 

@@ -3,7 +3,9 @@
 Import as `from support import ...` (tests/ is on pytest's pythonpath).
 """
 
+import contextlib
 import importlib.util
+
 import pytest
 import torch
 
@@ -44,3 +46,32 @@ def assert_close(actual, expected, dtype, *, lse=False):
     """Compare against a reference with the table's tolerance for `dtype`."""
     tol = (LSE_TOLERANCE if lse else TOLERANCE)[dtype]
     torch.testing.assert_close(actual.float().cpu(), expected.float().cpu(), **tol)
+
+
+@contextlib.contextmanager
+def launched_warps():
+    """Within the block, the `num_warps` of each Triton launch (4: Triton's default where none is given) by kernel
+    name; the launches run."""
+    from scout_sglang.core.op_counter import unwrap_triton_launches, wrap_triton_launches
+
+    class Owner:
+        _inside = 0
+
+    warps: dict[str, set] = {}
+
+    def seen(kernel, args, kwargs):
+        name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+        warps.setdefault(name, set()).add(kwargs.get("num_warps", 4))
+
+    patched = wrap_triton_launches(Owner, run=True, on_launch=seen)
+    try:
+        yield warps
+    finally:
+        unwrap_triton_launches(patched)
+
+
+def expected_warps(lookup: str) -> set:
+    """The warps a fused stage launches with at the `lookup` fixture's lists: a wide row's, or the default."""
+    from scout_sglang.kernels.triton.sizes import DEFAULT_WARPS, WIDE_ROW_WARPS
+
+    return {WIDE_ROW_WARPS if lookup == "counted" else DEFAULT_WARPS}

@@ -4,7 +4,7 @@ and the torch path, against the policy written out in tests/oracle/policy.py, an
 import pytest
 import torch
 from oracle import policy
-from support import TRITON_DEVICE, requires_triton
+from support import TRITON_DEVICE, expected_warps, launched_warps, requires_triton
 
 from scout_sglang.kernels.stage_recall import bring_in
 from scout_sglang.kernels.step_counters import DROPPED, NUM_COUNTERS, RECALLED
@@ -193,7 +193,10 @@ def test_rows_as_wide_as_a_resident_first_request(impl, lookup, phases, quota):
             elif count:  # selected: the last block is a candidate
                 chosen[count - 1] = last
             chosen[:count] = torch.where(chosen[:count] == PAD_BLOCK, last, chosen[:count])
-    out, counters = run(impl, c, quota=quota, **phases)
+    with launched_warps() as warps:
+        out, counters = run(impl, c, quota=quota, **phases)
+    if impl == "triton":  # a wide row's program spreads over more warps (sizes.warps_for)
+        assert warps == {"_resident_row_kernel": expected_warps(lookup)}
     rows, recalled, _ = expected_rows(c, quota=quota, **phases)
     for (slot, h), row in rows.items():
         assert out["resident"][slot, h].tolist() == row, (slot, h)

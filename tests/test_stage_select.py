@@ -3,7 +3,7 @@ the change count against a count written out by hand, and quest's page lists."""
 
 import pytest
 import torch
-from support import TRITON_DEVICE, requires_triton
+from support import TRITON_DEVICE, expected_warps, launched_warps, requires_triton
 
 from scout_sglang import reference
 from scout_sglang.kernels.stage_select import select_blocks
@@ -114,8 +114,11 @@ def test_an_exact_row_counts_only_its_new_block_as_changed(impl, lookup):
     previous[2, 0, :3] = torch.tensor([0, 1, 2])  # the range ends before this step's 3..6
     scores = torch.randn(3, 1, 8, generator=torch.Generator().manual_seed(3))
     counters = torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device)
-    selected, counts = run_select(impl, scores, [7, 7, 7], topk, 0, 0, previous=previous.to(device),
-                                  slots=torch.tensor([0, 1, 2], device=device), counters=counters)
+    with launched_warps() as warps:
+        selected, counts = run_select(impl, scores, [7, 7, 7], topk, 0, 0, previous=previous.to(device),
+                                      slots=torch.tensor([0, 1, 2], device=device), counters=counters)
+    if impl == "triton":  # a wide row's program spreads over more warps (sizes.warps_for)
+        assert warps == {"_select_topk_kernel": expected_warps(lookup)}
     assert counts.flatten().tolist() == [7, 7, 7]
     assert counters[COMPARED].item() == 21 and counters[CHANGED].item() == 1 + 2 + 4
 

@@ -45,3 +45,17 @@ def bins_for(num_blocks: int) -> int:
     of more than 16383 blocks): wide lists then cannot be looked up, and the engine keeps rows to 256 columns."""
     bins = p2(num_blocks + 1)
     return bins if bins <= MAX_BINS else 0
+
+
+# Warps of a program that holds a wide row (its config's WIDE: lists past the all-pairs width). Such a program
+# sorts and counts up to 4096 entries in one row; Triton unrolls each thread's share of them, so at its default of
+# 4 warps a thread runs 32 entries' worth of code, at 16 warps 8: about a third of the code and of the compile time
+# (benchmarks/results/kernel_widths.md), and a row spread over 4x the threads of its SM, where a batch of a few
+# requests has a program per request and KV head to run. Narrow rows keep the default.
+DEFAULT_WARPS = 4
+WIDE_ROW_WARPS = 16
+
+
+def warps_for(config: dict) -> int:
+    """The warps a fused stage launches with at its configuration (`num_warps`)."""
+    return WIDE_ROW_WARPS if config.get("WIDE") else DEFAULT_WARPS

@@ -33,7 +33,7 @@ import triton.language as tl
 from scout_sglang.kernels.recall_brake import FRESH, LEVEL, MOVED, RUN_BITS, RUN_LIMIT, WAIT
 from scout_sglang.kernels.step_counters import BACKED_OFF, DROPPED, RECALLED, WITHHELD
 from scout_sglang.kernels.triton.lists import contains, member, place, rank_of
-from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, wide_lists
+from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, warps_for, wide_lists
 from scout_sglang.kernels.triton.wide_rows import MOVES, SLOT_BITS, bring_in_wide, copy_moves_gathered
 
 from scout_sglang.layout import PAD_BLOCK
@@ -318,4 +318,4 @@ def resident_row_triton(resident, slots, *, resident_pages, host_table, host_k, 
         *resident.stride()[:2], slots.stride(0), resident_pages.stride(0), host_table.stride(0),
         *host_k.stride()[:3], *dev_k.stride()[:3], *selected.stride()[:2], counts.stride(0), num_full.stride(0),
         forced_blocks.stride(0), quota.stride(0), *s_lb, *s_lp, *s_ready, *s_scores, *s_cpu_b, *s_cpu_c, *s_due,
-        *s_runs, *s_state, *s_positions, float(recall_beta), dev_k.shape[0] - 1, **config)
+        *s_runs, *s_state, *s_positions, float(recall_beta), dev_k.shape[0] - 1, num_warps=warps_for(config), **config)

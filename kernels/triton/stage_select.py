@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import CHANGED, COMPARED, SELECTED
 from scout_sglang.kernels.triton.lists import member
-from scout_sglang.kernels.triton.sizes import bins_for, cdiv, p2, wide_lists
+from scout_sglang.kernels.triton.sizes import bins_for, cdiv, p2, warps_for, wide_lists
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -180,6 +180,8 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
         return
     with_pages = pages is not None
     dummy = counts  # pointer arguments that a disabled branch never reads
+    config = _config(topk, max_blocks, num_sink_blocks, num_local_blocks, block_size, previous is not None,
+                     counters is not None, with_pages, row_topk is not None)
     _select_topk_kernel[(batch_size, num_kv_heads)](
         scores, num_full, selected, counts,
         dummy if previous is None else previous,
@@ -197,8 +199,7 @@ def select_topk_triton(scores: torch.Tensor, num_full: torch.Tensor, selected: t
         0 if pages is None else pages.stride(0), 0 if pages is None else pages.stride(1),
         0 if page_counts is None else page_counts.stride(0),
         0 if row_topk is None else row_topk.stride(0),
-        **_config(topk, max_blocks, num_sink_blocks, num_local_blocks, block_size, previous is not None,
-                  counters is not None, with_pages, row_topk is not None),
+        num_warps=warps_for(config), **config,
     )  # fmt: skip
 
 

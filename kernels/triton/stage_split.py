@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from scout_sglang.kernels.step_counters import BAD_PAGES, CPU, DROPPED, ZERO_COPY
 from scout_sglang.kernels.triton.lists import compact, contains, member, place, rank_of
-from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, wide_lists
+from scout_sglang.kernels.triton.sizes import bins_for, or_unused, p2, warps_for, wide_lists
 
 from scout_sglang.layout import PAD_BLOCK
 
@@ -211,4 +211,4 @@ def split_lists_triton(selected, counts, *, forced_blocks, window_pages, residen
         out_zero_copy_counts, out_listed_counts, counters,
         *selected.stride()[:2], counts.stride(0), forced_blocks.stride(0), window_pages.stride(0), *s_rp, *s_ht, *s_res,
         *s_slots, *out_device_pages.stride()[:2], out_device_counts.stride(0), *s_cb, *s_cp, *s_cc, *s_q, *s_oq,
-        *s_cap, *s_zc, *s_zcc, *s_lc, num_host_pages or 0, **config)
+        *s_cap, *s_zc, *s_zcc, *s_lc, num_host_pages or 0, num_warps=warps_for(config), **config)

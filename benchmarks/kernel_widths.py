@@ -133,6 +133,22 @@ def cell(row: dict) -> str:
     return f"{row['seconds']} s, {row['ptx_kb']} kB, {row['shared_kib']} KiB, {row['warps']} warps"
 
 
+def totals(rows: list[dict], widths: list[int]) -> dict:
+    """width -> the stages' compile seconds summed at the engine's warps, and at the default where it differs."""
+    out = {}
+    for width in widths:
+        engine = [row for row in rows if row["width"] == width and not row.get("default_warps")]
+        if not engine or any(row["status"] != "compiled" for row in engine):
+            continue
+        default = {row["stage"]: row for row in rows if row["width"] == width and row.get("default_warps")}
+        text = f"{sum(row['seconds'] for row in engine):.0f} s"
+        if default and all(row["status"] == "compiled" for row in default.values()):
+            before = sum(default.get(row["stage"], row)["seconds"] for row in engine)
+            text += f" ({before:.0f} s at the default)"
+        out[width] = text
+    return out
+
+
 def markdown(rows: list[dict], widths: list[int], timeout: float, version: str = "") -> str:
     lines = ["# How wide a row the Triton stages compile for (sm_90, compiled here without a GPU)", "",
              "`python -P benchmarks/kernel_widths.py`: each stage compiled at each row width with Triton's real "
@@ -143,7 +159,8 @@ def markdown(rows: list[dict], widths: list[int], timeout: float, version: str =
              "compare lists all pairs; wider, they count through histograms of block ids and sort the victim "
              "order (the split's lists at 256 are already wider: the row and the window). A program holding such a "
              "wide row launches with more warps than Triton's default (kernels/triton/sizes.warps_for): the second "
-             f"line of a stage is the same compile at the default, what the engine launched before. Triton {version}.",
+             f"line of a stage is the same compile at the default, what the engine launched before. Compiled with Triton "
+             f"{version}: the compile times depend on its version.",
              "", "| stage | warps | " + " | ".join(str(width) for width in widths) + " |",
              "|---|---|" + "---:|" * len(widths)]
     for stage in dict.fromkeys(row["stage"] for row in rows):
@@ -155,6 +172,8 @@ def markdown(rows: list[dict], widths: list[int], timeout: float, version: str =
             cells = ["not tried" if width not in picked else cell(picked[width]) for width in widths]
             label = "the default (4)" if default else "the engine's"
             lines.append(f"| {stage} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", "All five stages' first compile, one after another (as a process compiles them), at each width: "
+              + "; ".join(f"{width}: {total}" for width, total in totals(rows, widths).items()) + "."]
     reasons = {row["reason"] for row in rows if row.get("reason")}
     if reasons:
         lines += ["", "Refused because: " + "; ".join(sorted(reasons))]

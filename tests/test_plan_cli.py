@@ -87,3 +87,34 @@ def test_runs_as_a_module():
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["modes"]["scout"]["step"]["bound"] in ("HBM", "compute", "CPU", "PCIe", "host")
+
+
+def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(capsys):
+    """At full attention's largest batch: how many the pool of a server at scout's largest batch keeps exact, the
+    most request slots that keep all of them exact (its pool checked at those slots and one more), and the exact
+    path's step against full attention's at the batch held exact."""
+    from scout_sglang.plan.planner import PlanRequest, plan, pool_at
+    from scout_sglang.plan.models import load_model
+
+    assert main([*ARGS, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    low, full, scout = report["low_load"], report["modes"]["full"], report["modes"]["scout"]
+    assert low["full_batch"] == full["capacity"]["max_batch"]
+    assert low["exact_batch"] == min(low["full_batch"], scout["resident_pool"]["exact_requests"]) >= 1
+    assert low["scout_exact"]["batch_size"] == low["full"]["batch_size"] == low["exact_batch"]
+    assert low["scout_exact"]["cpu_ratio"] == 0 and low["scout_exact"]["pcie_bytes"] == 0
+    assert low["ratio"] == pytest.approx(low["scout_exact"]["tokens_per_s"] / low["full"]["tokens_per_s"])
+    assert 0.5 < low["ratio"] <= 1.0  # the same bytes; the engine's plan is the exact path's own cost
+    request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=65536, output_len=1024,
+                          overrides={"host_memory": 512})
+    planned = plan(request)
+    slots = low["exact_slots"]
+    assert low_load_keeps(request, planned, slots, low["full_batch"], pool_at)
+    assert slots == scout["capacity"]["max_batch"] or not low_load_keeps(request, planned, slots + 1,
+                                                                          low["full_batch"], pool_at)
+    assert main(ARGS) == 0
+    assert f"up to full attention's max batch ({low['full_batch']} requests): " in capsys.readouterr().out
+
+
+def low_load_keeps(request, planned, slots, target, pool_at) -> bool:
+    return slots > 0 and pool_at(request, planned["config"], planned["budgets"], slots)["exact_requests"] >= target

@@ -333,3 +333,28 @@ def test_a_cpu_split_is_off_auto_or_a_share(value, parsed):
 def test_a_cpu_split_outside_off_auto_and_zero_to_one_is_refused(value):
     with pytest.raises(ValueError, match="--cpu-split must be off, auto or a CPU share in"):
         parse_cpu_split(value)
+
+
+def test_the_exact_path_reads_what_full_attention_reads_with_its_own_launches_and_plan(tmp_path):
+    """Resident-first's exact path: the offloaded layer attends every token on the device as the dense one does
+    (no digests, no CPU part, no recall), priced with the file's exact rows (launches, plan), not its steady ones;
+    with the step graph-replayed the plan is all that is left of the host. Other modes have no exact path."""
+    rows = [{"mode": "scout", "variant": variant, "batch": 1, "num_kv_heads": 1, "ops_per_layer": 300.0,
+             "scalar_reads_per_layer": 0.0, "plan_host_ms": plan, "gpu_launches_per_offloaded_layer": launches,
+             "gpu_launches_per_dense_layer": 3.0} for variant, plan, launches in (("steady", 0.5, 13.0),
+                                                                                  ("exact", 0.25, 5.0))]
+    path = tmp_path / "host_overhead.json"
+    path.write_text(json.dumps({"rows": rows}))
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.1)
+    exact = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path=path, exact=True)
+    full = step_time("full", CONFIG, SPEC, HW, work)
+    assert exact.step_ms == pytest.approx(full.step_ms + 0.25)  # the same bytes, and the plan before the step
+    assert (exact.cpu_bytes, exact.pcie_bytes, exact.cpu_ratio) == (0.0, 0.0, 0.0)
+    assert exact.hbm_bytes == full.hbm_bytes
+    eager = Hardware(hbm_gbs=1.0, pcie_gbs=1.0, cpu_attention_gbs=1.0, bf16_tflops=1e6, launch_us=1000.0,
+                     sync_us=0.0, model_launches_per_layer=0.0)
+    launched = step_time("scout", CONFIG, SPEC, eager, work, host_overhead_path=path, exact=True)
+    assert launched.step_ms == pytest.approx(3 + 5 + HEAD / 1e6 + 0.25)  # 1 ms a launch: dense 3, exact 5
+    assert "exact" in launched.host_counts_source
+    with pytest.raises(ValueError, match="exact path"):
+        step_time("hgca", CONFIG, SPEC, HW, work, exact=True)

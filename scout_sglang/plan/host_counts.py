@@ -80,24 +80,25 @@ def load_rows(path: Path | None = None) -> tuple[list[dict], str]:
 
 
 def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = None, *,
-                recall_share: float = 0.0) -> HostCounts:
+                recall_share: float = 0.0, variant: str = VARIANT) -> HostCounts:
     """Launches and host reads per layer of `mode` at `batch` requests, for a model with `num_kv_heads`;
     with `recall_share` of the steps running a recall, what a recall step adds (the file's "recall" rows over
-    its "steady" rows at the same heads) weighted by that share."""
+    its "steady" rows at the same heads) weighted by that share. `variant` "exact": resident-first's exact path
+    (the file's "exact" rows; no recall)."""
     rows, where = load_rows(path)
     mine = [r for r in rows if r["mode"] == mode]
-    steady = [r for r in mine if r.get("variant") == VARIANT]
+    steady = [r for r in mine if r.get("variant") == variant]
     if not steady:
         return HostCounts(FALLBACK["ops_per_layer"], FALLBACK["scalar_reads_per_layer"], "assumed",
-                          f"no {mode} rows in {where}; counts of the scout engine at batch 8, 8 KV heads",
+                          f"no {mode} {variant} rows in {where}; counts of the scout engine at batch 8, 8 KV heads",
                           launches_per_layer=FALLBACK["ops_per_layer"],
                           gpu_launches_per_offloaded_layer=FALLBACK["ops_per_layer"],
                           gpu_launches_per_dense_layer=FALLBACK["ops_per_layer"])
     counts = _at(steady, batch, num_kv_heads)
-    source = (f"{Path(where).name}: {mode}, {counts['heads']} KV heads, batches {counts['batches']}, interpolated "
-              f"to {batch}")
+    source = (f"{Path(where).name}: {mode}{'' if variant == VARIANT else ' ' + variant}, {counts['heads']} KV "
+              f"heads, batches {counts['batches']}, interpolated to {batch}")
     recalls = [r for r in mine if r.get("variant") == "recall"]
-    if recall_share > 0 and recalls:
+    if recall_share > 0 and recalls and variant == VARIANT:
         recall = _at(recalls, batch, num_kv_heads)
         base = _at([r for r in steady if r["num_kv_heads"] == recall["heads"]], batch, recall["heads"])
         for key in FIELDS:

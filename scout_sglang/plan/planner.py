@@ -204,6 +204,57 @@ def evaluate(mode: str, config: ScoutConfig, request: PlanRequest, figures: dict
     return {"capacity": capacity, "step": step, "resident_pool": pool}
 
 
+def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: dict, results: dict) -> dict | None:
+    """Resident-first up to full attention's largest batch (the low load a plugin must cost nothing at): how many
+    requests of this length scout's pool keeps exact together (its sizing at scout's largest batch, what the server
+    runs; past that many the pool's pages are shared evenly and every request runs sparse), the most request slots
+    a server may have and keep full attention's largest batch exact (exact_slots), and the step of the most that
+    run exact, on the exact path, against full attention's at the same batch and context. None without both modes
+    or a pool."""
+    scout, stock = results.get("scout"), results.get(STOCK)
+    if not scout or not stock or not scout["resident_pool"] or stock["capacity"].max_batch < 1:
+        return None
+    full_batch = stock["capacity"].max_batch
+    batch = min(full_batch, scout["resident_pool"]["exact_requests"])
+    slots = exact_slots(request, config, budgets, full_batch, scout["capacity"].max_batch)
+    if batch < 1:
+        return {"full_batch": full_batch, "exact_batch": 0, "exact_slots": slots}
+    work = Workload(batch_size=batch, context=request.context + request.output_len // 2, itemsize=request.itemsize,
+                    change_rate=figures["change_rate"].value, output_len=request.output_len)
+    steps = {mode: step_time(mode, config, request.model, hardware(figures), work, exact=mode == "scout",
+                             host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK)}
+    return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": steps["scout"],
+            "full": steps[STOCK], "ratio": steps["scout"].tokens_per_s / steps[STOCK].tokens_per_s}
+
+
+def exact_slots(request: PlanRequest, config: ScoutConfig, budgets: dict, target: int, most: int) -> int:
+    """The most request slots (--max-running-requests, at most `most`) a resident-first scout server may be
+    started with and still keep `target` requests of this length exact together: its other device stores grow
+    with the slots and its pool shrinks. 0 where not even `target` slots do."""
+    def keeps(slots: int) -> bool:
+        return (pool_at(request, config, budgets, slots) or {}).get("exact_requests", 0) >= target
+
+    if most < target or not keeps(target):
+        return 0
+    low, high = target, most  # keeps(low); the largest slots that keep: binary search
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if keeps(middle) else (low, middle - 1)
+    return low
+
+
+def pool_at(request: PlanRequest, config: ScoutConfig, budgets: dict, slots: int) -> dict | None:
+    """The resident pool of a scout server started with `slots` request slots (as evaluate() sizes it)."""
+    mode_config = config.replace(mode="scout")
+    request_tokens = request.context + request.output_len
+    shared = min(request.shared_prefix, request.context)
+    capacity = max_batch(mode_config, request.model, itemsize=request.itemsize, request_tokens=request_tokens,
+                         device_budget=budgets["device_kv"], host_budget=budgets["host_kv"], max_requests=slots,
+                         shared_prefix=shared)
+    return resident_pool(mode_config, request.model, itemsize=request.itemsize, capacity=capacity,
+                         device_budget=budgets["device_kv"], shared_prefix=shared)
+
+
 def recommend(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: dict) -> dict:
     """The scout budget of RECOMMEND_BUDGETS with the most tokens/s with the host's launches hidden (the budget
     moves the device, CPU and PCIe terms; the host's counts, read per batch, do not depend on it). The preset's
@@ -244,4 +295,5 @@ def plan(request: PlanRequest) -> dict:
     results = {mode: evaluate(mode, config, request, figures, budgets) for mode in request.modes}
     return {"model": request.model, "gpu": request.gpu, "config": config, "figures": figures, "budgets": budgets,
             "token_bytes": token_bytes(request.model, request.itemsize), "results": results,
+            "low_load": low_load(request, config, figures, budgets, results),
             "recommendation": recommend(request, config, figures, budgets), "request": request}

@@ -86,7 +86,29 @@ def _pool_lines(plan: dict) -> list[str]:
 
     return ["", f"with SCOUT_RESIDENT_FIRST=on at scout's max batch: {resident_pool_text(pool)}; a request of this "
             f"length needs {pool['request_pages']} pages: up to {pool['exact_requests']} such requests run exactly "
-            "together (full attention's tokens, no CPU part)"]
+            "together (full attention's tokens, no CPU part)"] + _low_load_lines(plan.get("low_load"))
+
+
+def _low_load_lines(low: dict | None) -> list[str]:
+    """Resident-first up to full attention's largest batch: how many run exact, and the exact path's step against
+    full attention's there."""
+    if not low:
+        return []
+    full_batch, exact_batch = low["full_batch"], low["exact_batch"]
+    slots = (f"a server started with --max-running-requests {low['exact_slots']} or fewer keeps all {full_batch} "
+             "exact" if low["exact_slots"] else
+             f"no server keeps all {full_batch} exact (scout's other device stores leave too small a pool)")
+    if not exact_batch:
+        return [f"up to full attention's max batch ({full_batch}): the pool keeps no request of this length exact; "
+                f"{slots}"]
+    held = ("every batch up to it runs exact" if exact_batch == full_batch else
+            f"up to {exact_batch} requests run exact together; from {exact_batch + 1} the pool's pages are shared "
+            f"evenly and every request runs sparse")
+    scout, full = low["scout_exact"], low["full"]
+    return [f"up to full attention's max batch ({full_batch} requests): {held}; {slots}. {exact_batch} on the exact "
+            f"path take {scout.step_ms:.2f} ms a step ({scout.tokens_per_s:.0f} tokens/s) against full attention's "
+            f"{full.step_ms:.2f} ms at that batch: {low['ratio']:.3f}x its tokens/s (exact-path counts: "
+            f"{scout.host_counts_source})"]
 
 
 def json_report(plan: dict) -> dict:
@@ -101,7 +123,14 @@ def json_report(plan: dict) -> dict:
         "modes": {mode: {"capacity": dataclasses.asdict(r["capacity"]), "step": r["step"].as_dict(),
                          "resident_pool": r.get("resident_pool")} for mode, r in plan["results"].items()},
         "recommendation": plan["recommendation"],
+        "low_load": _low_load_json(plan.get("low_load")),
     }
+
+
+def _low_load_json(low: dict | None) -> dict | None:
+    if not low or not low["exact_batch"]:
+        return low
+    return {**low, "scout_exact": low["scout_exact"].as_dict(), "full": low["full"].as_dict()}
 
 
 def plot(plan: dict, path: str, contexts=(4096, 8192, 16384, 32768, 65536, 131072)) -> None:

@@ -43,6 +43,10 @@ batch of B requests at context C (tokens), block size S, per layer:
   launches is the one that computes, so t_launch + t_dev (+ the exposed CPU part
   for hgca) + t_sync, beside the worker threads' t_cpu and t_pcie.
   dense layers (layer 0 by default) attend C tokens on the device.
+  scout's exact path (resident-first, every request's blocks in the device pool:
+  `exact`): each offloaded layer attends C tokens on the device as a dense one does,
+  with no digests read, no CPU part and no recall; its launches and plan are the
+  counts file's exact rows.
   step = sum of layer times + the output projection (vocab x hidden weights)
        + the engine's once-a-step plan (measured with the launch counts)
        + the serving framework's host work a step: fixed + per request x B
@@ -261,7 +265,7 @@ def split_cpu_share(cpu_split: str | float, *, cpu_list_bytes: float, link_bytes
 
 def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workload, *, dense: bool) -> dict:
     """Bytes and tokens of one (request, KV head) in one layer: device K/V and digests read, CPU K/V read,
-    PCIe bytes, tokens attended on the device, and the CPU ratio."""
+    PCIe bytes, tokens attended on the device, and the CPU ratio. `dense` also for a layer on scout's exact path."""
     token = 2 * spec.head_dim * work.itemsize  # K and V of one token for one KV head
     context = work.context
     if mode == STOCK or dense:
@@ -300,14 +304,18 @@ def _adapter_launches(mode: str, config: ScoutConfig, hw: Hardware, layer: int, 
 
 
 def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, work: Workload, *,
-              host_overhead_path=None, cpu_split: str | float = "off") -> StepEstimate:
+              host_overhead_path=None, cpu_split: str | float = "off", exact: bool = False) -> StepEstimate:
     """The modelled decode step of `mode` (config.mode is ignored: the mode is the argument).
 
     cpu_split : "off", "auto" or a float in [0, 1]
         Scout's CPU/zero-copy split of its CPU list (split_cpu_share); "off" is the CPU workers alone. Other
         modes, and a CPU device (no link to read over), ignore it.
+    exact : bool
+        Scout only: a step on resident-first's exact path (every request's blocks held in the device pool).
     """
-    cpu_split = parse_cpu_split(cpu_split)
+    if exact and mode != "scout":
+        raise ValueError(f"the exact path is resident-first scout's; {mode!r} has none")
+    cpu_split = "off" if exact else parse_cpu_split(cpu_split)
     splits = mode == "scout" and cpu_split != "off" and not hw.host_is_device
     config = config.replace(mode="scout" if mode == STOCK else mode)
     offloaded, _ = layer_split(config, spec.num_layers)
@@ -322,7 +330,8 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         syncs = hw.stock_syncs_per_request * batch
         counts_source = "the stock backend's counts in Hardware (no CUDA graphs)"
     else:
-        counts = host_counts(mode, batch, heads, host_overhead_path, recall_share=recall_share(mode, config, work))
+        counts = host_counts(mode, batch, heads, host_overhead_path, variant="exact" if exact else "steady",
+                             recall_share=0.0 if exact else recall_share(mode, config, work))
         syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
         if hw.host_is_device:  # a CPU device runs the torch path: every dispatched op (views too) costs its thread
@@ -346,6 +355,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         dense = layer in config.dense_layers if mode == "quest" else (mode == STOCK or layer not in offloaded)
         layer_launches = launches if launches is not None else (
             counts.gpu_launches(dense=dense) + hw.model_launches_per_layer)
+        dense = dense or exact  # the exact path reads what a dense layer does (its launches are its own)
         t_launch = (layer_launches + _adapter_launches(mode, config, hw, layer, offloaded)) * hw.launch_us * 1e-6
         head = _head_traffic(mode, config, spec, work, dense=dense)
         attention_bytes = batch * heads * (head["device_kv"] + head["digests"])

@@ -688,7 +688,7 @@ class CoAttentionEngine:
     def _build_plan(self, rows: int, bypass: bool, token_slots=None) -> StepPlan:
         batch, config = self._batch, self.config
         changes = {name: table.take_changes(rows) for name, table in self.device_tables.items()}
-        fields = plan_fields(
+        fields, padding = plan_fields(
             [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch], rows=rows,
             padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads,
             offloaded=self.offloaded if self.offloaded_layers else None,
@@ -698,7 +698,8 @@ class CoAttentionEngine:
             recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
                 len(batch), self.shape.num_kv_heads, self._step_index),
             cpu_caps=None if self.cpu_split is None else self.cpu_split.step_caps(bypass=bypass))
-        header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows)
+        header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows,
+                                                padding)
         size = self.block_size
         widths = {"host": self._width(max((s.num_tokens + 1) // size for s in batch) if batch else 0),
                   "full": self._width(max(ceil_div(s.num_tokens + 1, size) for s in batch) if batch else 0),

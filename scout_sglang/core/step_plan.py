@@ -144,8 +144,10 @@ class PlanBuffer:
         self._turn = 0
         self.bytes_moved = 0
 
-    def write(self, header: list[int], fields: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, dict]:
-        """Lay out `header` and the fields ([rows, X] or [rows] host tensors) -> (header view, field views)."""
+    def write(self, header: list[int], fields: dict[str, torch.Tensor], rows: int,
+              padding: dict[str, int] | None = None) -> tuple[torch.Tensor, dict]:
+        """Lay out `header` and the fields ([n, X] or [n] host tensors) -> (header view, field views of `rows` rows):
+        a field of n < rows rows has its padding value (`padding[name]`) in the rest."""
         widths = {name: (t.shape[1] if t.dim() == 2 else 1) for name, t in fields.items()}
         width = max(sum(widths.values()), HEADER_WORDS)
         size = (1 + rows) * width
@@ -159,7 +161,10 @@ class PlanBuffer:
         staging[0, :HEADER_WORDS] = torch.tensor(header, dtype=torch.int32)
         column, layout = 0, {}
         for name, tensor in fields.items():
-            staging[1:, column: column + widths[name]] = tensor.view(rows, widths[name])
+            given = tensor.shape[0]
+            staging[1: 1 + given, column: column + widths[name]] = tensor.view(given, widths[name])
+            if given < rows:
+                staging[1 + given:, column: column + widths[name]] = padding[name]
             layout[name] = (column, widths[name], tensor.dim())
             column += widths[name]
         if self._on_cuda:
@@ -180,7 +185,8 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
                 num_kv_heads: int, offloaded, full_store, offloaded_layers, recall_quota: int, tables: dict,
                 changes: dict, started: dict, recall_cap: torch.Tensor | None = None,
                 cpu_caps: list[int] | None = None, exact: list[bool] | None = None):
-    """The host tensors of a StepPlan ([rows, X] int32 each, padding rows past the requests).
+    """The host tensors of a StepPlan ([B, X] each, B the requests; the host changes' [rows, 2]) and each one's value
+    in the padding rows past the requests (PlanBuffer.write lays them out as [rows, X] int32).
 
     slots, num_tokens (after the step's token), steps (the step's number per request, from 1): one per request.
     offloaded / full_store: the engine's stores, or None where it has no layer of that kind; tables: their
@@ -253,20 +259,14 @@ def plan_fields(slots: list[int], num_tokens: list[int], steps: list[int], *, ro
         fields.update(num_blocks=num_blocks, full_append_cell=append_cell,
                       fill_full_cell=torch.where(fills, append_cell, full.constant_cell()))
         padding.update(num_blocks=0, full_append_cell=full.constant_cell(), fill_full_cell=full.constant_cell())
-    padded = {}
-    for name, tensor in fields.items():
-        shape = (rows, *tensor.shape[1:])
-        full_field = torch.full(shape, padding[name], dtype=torch.int32)
-        full_field[:batch_size] = tensor
-        padded[name] = full_field
     for name, table in tables.items():  # the host's changes, at most one a row: the rest write a scratch cell
         cells, pages = changes[name]
         delta = torch.empty(rows, 2, dtype=torch.int32)
         delta[:, 0], delta[:, 1] = table.scratch_cell, PAD_BLOCK
         if cells:
             delta[: len(cells), 0], delta[: len(cells), 1] = torch.tensor(cells), torch.tensor(pages)
-        padded[f"{name}_delta"] = delta
-    return padded
+        fields[f"{name}_delta"] = delta
+    return fields, padding
 
 
 def header_words(*, seq: int, rows: int, bypass: bool) -> list[int]:

@@ -159,14 +159,21 @@ class PlanBuffer:
             self._events[turn].synchronize()  # the copy from this buffer two steps ago (outside the layer loop)
         staging = self._staging[turn][:size].view(1 + rows, width)
         staging[0, :HEADER_WORDS] = torch.tensor(header, dtype=torch.int32)
-        column, layout = 0, {}
+        column, layout, runs = 0, {}, []  # runs: consecutive fields of as many rows, laid out by one copy
         for name, tensor in fields.items():
             given = tensor.shape[0]
-            staging[1: 1 + given, column: column + widths[name]] = tensor.view(given, widths[name])
-            if given < rows:
-                staging[1 + given:, column: column + widths[name]] = padding[name]
+            if not runs or runs[-1][0] != given:
+                runs.append((given, column, []))
+            runs[-1][2].append(name)
             layout[name] = (column, widths[name], tensor.dim())
             column += widths[name]
+        for given, start, names in runs:
+            end = start + sum(widths[name] for name in names)
+            parts = [fields[name].view(given, widths[name]) for name in names]
+            staging[1: 1 + given, start: end] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            if given < rows:
+                staging[1 + given:, start: end] = torch.tensor(
+                    [padding[name] for name in names for _ in range(widths[name])], dtype=torch.int32)
         if self._on_cuda:
             self._device_buffer[:size].copy_(staging.view(-1), non_blocking=True)
             event = blocking_event()  # its synchronize() sleeps in the driver: no host core spins

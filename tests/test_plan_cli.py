@@ -89,14 +89,16 @@ def test_runs_as_a_module():
     assert json.loads(completed.stdout)["modes"]["scout"]["step"]["bound"] in ("HBM", "compute", "CPU", "PCIe", "host")
 
 
-def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(capsys):
-    """At full attention's largest batch: how many the pool of a server at scout's largest batch keeps exact, the
-    most request slots that keep all of them exact (its pool checked at those slots and one more), and the exact
-    path's step against full attention's at the batch held exact."""
+@pytest.mark.parametrize("context", [65536, 16384])
+def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(capsys, context):
+    """Up to full attention's largest batch: how many the pool of a server at scout's largest batch keeps exact, the
+    most request slots that keep all of them exact (its pool checked at those slots and one more; at 16k none
+    does), and the exact path's step against full attention's at the batch held exact and every batch below it."""
     from scout_sglang.plan.planner import PlanRequest, plan, pool_at
     from scout_sglang.plan.models import load_model
 
-    assert main([*ARGS, "--json"]) == 0
+    args = [*ARGS[:4], "--context", str(context), *ARGS[6:]]
+    assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     low, full, scout = report["low_load"], report["modes"]["full"], report["modes"]["scout"]
     assert low["full_batch"] == full["capacity"]["max_batch"]
@@ -105,16 +107,23 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     assert low["scout_exact"]["cpu_ratio"] == 0 and low["scout_exact"]["pcie_bytes"] == 0
     assert low["ratio"] == pytest.approx(low["scout_exact"]["tokens_per_s"] / low["full"]["tokens_per_s"])
     assert 0.5 < low["ratio"] <= 1.0  # the same bytes; the engine's plan is the exact path's own cost
-    request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=65536, output_len=1024,
+    # every batch up to it, by doubling; the plan weighs most at one request
+    ratios = {int(size): ratio for size, ratio in low["ratios"].items()}
+    assert list(ratios) == sorted({*(2**i for i in range(8) if 2**i < low["exact_batch"]), low["exact_batch"]})
+    assert ratios[low["exact_batch"]] == pytest.approx(low["ratio"], abs=1e-4)
+    assert min(ratios.values()) == ratios[1] <= low["ratio"] + 1e-4
+    request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=context, output_len=1024,
                           overrides={"host_memory": 512})
     planned = plan(request)
+
+    def keeps(slots: int) -> bool:
+        pool = pool_at(request, planned["config"], planned["budgets"], slots)
+        return slots > 0 and pool["exact_requests"] >= low["full_batch"]
+
     slots = low["exact_slots"]
-    assert low_load_keeps(request, planned, slots, low["full_batch"], pool_at)
-    assert slots == scout["capacity"]["max_batch"] or not low_load_keeps(request, planned, slots + 1,
-                                                                          low["full_batch"], pool_at)
-    assert main(ARGS) == 0
+    if slots:
+        assert keeps(slots) and (slots == scout["capacity"]["max_batch"] or not keeps(slots + 1))
+    else:
+        assert not keeps(low["full_batch"])  # not even as many slots as requests
+    assert main(args) == 0
     assert f"up to full attention's max batch ({low['full_batch']} requests): " in capsys.readouterr().out
-
-
-def low_load_keeps(request, planned, slots, target, pool_at) -> bool:
-    return slots > 0 and pool_at(request, planned["config"], planned["budgets"], slots)["exact_requests"] >= target

@@ -107,8 +107,9 @@ def _low_load_lines(low: dict | None) -> list[str]:
     scout, full = low["scout_exact"], low["full"]
     return [f"up to full attention's max batch ({full_batch} requests): {held}; {slots}. {exact_batch} on the exact "
             f"path take {scout.step_ms:.2f} ms a step ({scout.tokens_per_s:.0f} tokens/s) against full attention's "
-            f"{full.step_ms:.2f} ms at that batch: {low['ratio']:.3f}x its tokens/s (exact-path counts: "
-            f"{scout.host_counts_source})"]
+            f"{full.step_ms:.2f} ms at that batch: {low['ratio']:.3f}x its tokens/s; at "
+            + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios"].items())
+            + f" (exact-path counts: {scout.host_counts_source})"]
 
 
 def json_report(plan: dict) -> dict:

@@ -107,6 +107,9 @@ TESTS_FOR = {
     "scout_sglang/core/engine.py": (
         "tests/test_resident_pool.py::test_requests_prefilled_together_layer_by_layer_keep_their_quotas_and_exact_rows"
         "_are_exact", *FAST_TESTS),
+    # the step plan's fields: the two ways of computing them against each other, then the engine's tests
+    "scout_sglang/core/step_plan.py": ("tests/test_step_plan_rows.py", *FAST_TESTS),
+    "scout_sglang/core/step_plan_rows.py": ("tests/test_step_plan_rows.py", *FAST_TESTS),
     # the layer stages: with, first, the oracle's run through resident-first's exact path and its switch
     "scout_sglang/core/layer_stages.py": (
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle",

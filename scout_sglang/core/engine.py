@@ -49,6 +49,7 @@ from scout_sglang.core.step_plan import (
     header_words,
     plan_fields,
 )
+from scout_sglang.core.step_plan_rows import ROW_BATCH, plan_fields_by_row
 from scout_sglang.core.stores import DeviceFullStore, OffloadedStore, ceil_div
 from scout_sglang.core.telemetry import StepTelemetry
 from scout_sglang.core.trace import (
@@ -685,12 +686,12 @@ class CoAttentionEngine:
                     started[name].append(row)
         return started
 
-    def _build_plan(self, rows: int, bypass: bool, token_slots=None) -> StepPlan:
+    def _plan_arguments(self, rows: int, bypass: bool) -> tuple[tuple, dict]:
+        """The arguments of plan_fields for this step (taking the device tables' changes since the last one)."""
         batch, config = self._batch, self.config
         changes = {name: table.take_changes(rows) for name, table in self.device_tables.items()}
-        fields, padding = plan_fields(
-            [s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch], rows=rows,
-            padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads,
+        return ([s.slot for s in batch], [s.num_tokens + 1 for s in batch], [s.steps + 1 for s in batch]), dict(
+            rows=rows, padding_slot=self.max_requests, config=config, num_kv_heads=self.shape.num_kv_heads,
             offloaded=self.offloaded if self.offloaded_layers else None,
             full_store=self.full_store if self.full_layers else None, offloaded_layers=self.offloaded_layers,
             recall_quota=config.recall_quota, tables=self.device_tables, changes=changes, started=self._started,
@@ -698,6 +699,12 @@ class CoAttentionEngine:
             recall_cap=None if self.recall_budget is None else self.recall_budget.row_caps(
                 len(batch), self.shape.num_kv_heads, self._step_index),
             cpu_caps=None if self.cpu_split is None else self.cpu_split.step_caps(bypass=bypass))
+
+    def _build_plan(self, rows: int, bypass: bool, token_slots=None) -> StepPlan:
+        batch = self._batch
+        args, kwargs = self._plan_arguments(rows, bypass)
+        # a few requests: their fields in Python, not dozens of tensor ops on tensors of a few elements
+        fields, padding = (plan_fields_by_row if 0 < len(batch) <= ROW_BATCH else plan_fields)(*args, **kwargs)
         header, views = self._plan_buffer.write(header_words(seq=self._seq, rows=rows, bypass=bypass), fields, rows,
                                                 padding)
         size = self.block_size

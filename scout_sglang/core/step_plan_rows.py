@@ -14,7 +14,9 @@ import torch
 
 from scout_sglang.layout import PAD_BLOCK
 
-ROW_BATCH = 16  # up to this many requests a step plans them here (past it the tensor ops cost less than the loop)
+# Up to this many requests a step plans them here. Measured on a 2-core host at 8 KV heads (resident-first): 0.055
+# ms against the tensor ops' 0.123 at one request, 0.111 against 0.132 at 16, 0.168 against 0.136 at 32.
+ROW_BATCH = 16
 
 
 def plan_fields_by_row(slots: list[int], num_tokens: list[int], steps: list[int], *, rows: int, padding_slot: int,

@@ -83,14 +83,20 @@ def water_fill(demands: list[int], pages: int) -> list[int]:
     return given
 
 
-def exact_row_fields(exact: list[bool], *, width: int, forced: int, topk: int, recall_quota: int,
-                     num_kv_heads: int) -> dict[str, torch.Tensor]:
+def exact_row_lists(exact: list[bool], *, width: int, forced: int, topk: int, recall_quota: int,
+                    num_kv_heads: int) -> dict[str, list]:
     """The step plan's fields of resident-first rows, from each request's exactness: row_topk [B] (an exact row
     selects every block: as many as its row holds plus the forced ones; the others the budget's top-k) and
     recall_quota [B, Hkv] (an exact row's fill takes its whole row at once; the others the configured quota)."""
-    exact_rows = torch.tensor(exact, dtype=torch.bool)
-    return dict(row_topk=torch.where(exact_rows, width + forced, topk),
-                recall_quota=torch.where(exact_rows.view(-1, 1), width, recall_quota).expand(-1, num_kv_heads))
+    return dict(row_topk=[width + forced if whole else topk for whole in exact],
+                recall_quota=[[width if whole else recall_quota] * num_kv_heads for whole in exact])
+
+
+def exact_row_fields(exact: list[bool], *, num_kv_heads: int, **sizes) -> dict[str, torch.Tensor]:
+    """exact_row_lists as tensors: [B] and [B, Hkv] (B may be 0: a step of padding rows only)."""
+    lists = exact_row_lists(exact, num_kv_heads=num_kv_heads, **sizes)
+    return dict(row_topk=torch.tensor(lists["row_topk"], dtype=torch.long),
+                recall_quota=torch.tensor(lists["recall_quota"], dtype=torch.long).view(len(exact), num_kv_heads))
 
 
 class ResidentPool(SlotPageTable):

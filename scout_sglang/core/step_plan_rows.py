@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from scout_sglang.core.resident_pool import exact_row_lists
 from scout_sglang.layout import PAD_BLOCK
 
 # Up to this many requests a step plans them here. Measured on a 2-core host at 8 KV heads (resident-first): 0.055
@@ -23,7 +24,8 @@ def plan_fields_by_row(slots: list[int], num_tokens: list[int], steps: list[int]
                        config, num_kv_heads: int, offloaded, full_store, offloaded_layers, recall_quota: int,
                        tables: dict, changes: dict, started: dict, recall_cap: torch.Tensor | None = None,
                        cpu_caps: list[int] | None = None, exact: list[bool] | None = None):
-    """step_plan.plan_fields, request by request (its docstring says what each field is)."""
+    """step_plan.plan_fields, request by request (its docstring says what each field is); a field is built as a list
+    (one per request) or taken as a tensor, in plan_fields' order."""
     size, heads = config.block_size, num_kv_heads
     columns: dict[str, list] = {name: [] for name in ("slots", "num_tokens", "num_full", "last_len", "append_offset")}
     padding = dict(slots=padding_slot, num_tokens=0, num_full=0, last_len=size, append_offset=0)
@@ -40,9 +42,8 @@ def plan_fields_by_row(slots: list[int], num_tokens: list[int], steps: list[int]
             columns[f"{name}_started"] = [slot * table.width + block if row in starting else table.scratch_cell
                                           for row, (slot, (_, block, _)) in enumerate(zip(slots, geometry))]
             padding[f"{name}_started"] = table.scratch_cell
-    tensors: dict[str, torch.Tensor] = {}
     if offloaded is not None:
-        _offloaded_columns(columns, padding, tensors, slots, num_tokens, steps, geometry, config=config,
+        _offloaded_columns(columns, padding, slots, num_tokens, steps, geometry, config=config,
                            heads=heads, offloaded=offloaded, offloaded_layers=offloaded_layers,
                            recall_quota=recall_quota, host=tables["host"], recall_cap=recall_cap, cpu_caps=cpu_caps,
                            exact=exact)
@@ -54,7 +55,7 @@ def plan_fields_by_row(slots: list[int], num_tokens: list[int], steps: list[int]
         columns["fill_full_cell"] = [cell if fills else full.constant_cell()
                                      for cell, (_, _, fills) in zip(cells, geometry)]
         padding.update(num_blocks=0, full_append_cell=full.constant_cell(), fill_full_cell=full.constant_cell())
-    fields = {name: tensors[name] if name in tensors else torch.tensor(values, dtype=torch.long)
+    fields = {name: values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
               for name, values in columns.items()}
     for name, table in tables.items():  # the host's changes, at most one a row: the rest write a scratch cell
         cells, pages = changes[name]
@@ -64,15 +65,16 @@ def plan_fields_by_row(slots: list[int], num_tokens: list[int], steps: list[int]
     return fields, padding
 
 
-def _offloaded_columns(columns, padding, tensors, slots, num_tokens, steps, geometry, *, config, heads, offloaded,
+def _offloaded_columns(columns, padding, slots, num_tokens, steps, geometry, *, config, heads, offloaded,
                        offloaded_layers, recall_quota, host, recall_cap, cpu_caps, exact) -> None:
-    """The offloaded layers' fields, into `columns` (lists; a list per request for a [B, X] field) or `tensors`."""
+    """The offloaded layers' fields, into `columns`: lists (a list per request for a [B, X] field) or tensors."""
     sink, local, size = config.sink_blocks, config.local_blocks, config.block_size
     width = sink + local + 1
 
     def ring(block: int) -> int:
         return block if block < sink else sink + (block - sink) % (local + 1)
 
+    # the window pages' host table (host memory: no device read), once a step
     window_rows = offloaded.window_page_table[torch.tensor(slots, dtype=torch.long)].tolist() if slots else []
     names = ("window_pages", "forced_blocks", "window_append_page", "fill_host_cell", "leaving_block",
              "leaving_page")
@@ -94,19 +96,16 @@ def _offloaded_columns(columns, padding, tensors, slots, num_tokens, steps, geom
     padding.update(window_pages=PAD_BLOCK, forced_blocks=PAD_BLOCK, window_append_page=offloaded.device_scratch_page,
                    fill_host_cell=host.constant_cell(), leaving_block=PAD_BLOCK, leaving_page=PAD_BLOCK,
                    recall_quota=0)
+    columns["recall_quota"] = [[recall_quota] * heads for _ in slots]
     if exact is None:  # a fixed resident buffer per slot
-        columns["recall_quota"] = [[recall_quota] * heads for _ in slots]
-        tensors["resident_pages"] = offloaded.resident_page_table[torch.tensor(slots, dtype=torch.long)]
-        columns["resident_pages"] = []
+        columns["resident_pages"] = offloaded.resident_page_table[torch.tensor(slots, dtype=torch.long)]
         padding["resident_pages"] = offloaded.device_scratch_page
-    else:  # resident-first: exact rows select every block and fill their whole row at once (exact_row_fields)
-        row = offloaded.resident_width
-        columns["recall_quota"] = [[row if whole else recall_quota] * heads for whole in exact]
-        columns["row_topk"] = [row + sink + local if whole else config.topk_blocks for whole in exact]
+    else:  # resident-first: exact rows select every block and fill their whole row at once
+        columns.update(exact_row_lists(exact, width=offloaded.resident_width, forced=sink + local,
+                                       topk=config.topk_blocks, recall_quota=recall_quota, num_kv_heads=heads))
         padding["row_topk"] = 0
     if recall_cap is not None:
-        tensors["recall_cap"] = recall_cap
-        columns["recall_cap"] = []
+        columns["recall_cap"] = recall_cap
         padding["recall_cap"] = 0
     if cpu_caps is not None:
         columns["cpu_cap"] = [list(cpu_caps) for _ in slots]

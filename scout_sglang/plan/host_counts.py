@@ -84,7 +84,7 @@ def host_counts(mode: str, batch: int, num_kv_heads: int, path: Path | None = No
     """Launches and host reads per layer of `mode` at `batch` requests, for a model with `num_kv_heads`;
     with `recall_share` of the steps running a recall, what a recall step adds (the file's "recall" rows over
     its "steady" rows at the same heads) weighted by that share. `variant` "exact": resident-first's exact path
-    (the file's "exact" rows; no recall)."""
+    (the file's "exact" rows; it recalls nothing, so recall_share is ignored)."""
     rows, where = load_rows(path)
     mine = [r for r in rows if r["mode"] == mode]
     steady = [r for r in mine if r.get("variant") == variant]

@@ -219,24 +219,21 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     slots = exact_slots(request, config, budgets, full_batch, scout["capacity"].max_batch)
     if batch < 1:
         return {"full_batch": full_batch, "exact_batch": 0, "exact_slots": slots}
-    def steps_at(size: int) -> dict:
-        work = Workload(batch_size=size, context=request.context + request.output_len // 2,
-                        itemsize=request.itemsize, change_rate=figures["change_rate"].value,
-                        output_len=request.output_len)
-        return {mode: step_time(mode, config, request.model, hardware(figures), work, exact=mode == "scout",
-                                host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK)}
-
-    steps = steps_at(batch)
     # every batch up to it, by doubling: the engine's plan weighs most at one request
     sizes = sorted({*(2**i for i in range(batch.bit_length()) if 2**i < batch), batch})
-    ratios = {size: round(ratio_of(steps_at(size) if size != batch else steps), 4) for size in sizes}
-    return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": steps["scout"],
-            "full": steps[STOCK], "ratio": ratio_of(steps), "ratios": ratios}
+    steps = {size: exact_and_full_steps(request, config, figures, size) for size in sizes}
+    ratios = {size: scout.tokens_per_s / full.tokens_per_s for size, (scout, full) in steps.items()}
+    scout, full = steps[batch]
+    return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": scout,
+            "full": full, "ratio": ratios[batch], "ratios": {size: round(ratio, 4) for size, ratio in ratios.items()}}
 
 
-def ratio_of(steps: dict) -> float:
-    """Scout's tokens/s over full attention's, of one batch's steps."""
-    return steps["scout"].tokens_per_s / steps[STOCK].tokens_per_s
+def exact_and_full_steps(request: PlanRequest, config: ScoutConfig, figures: dict, batch: int) -> tuple:
+    """(scout's step on the exact path, full attention's step) of `batch` requests at the planned length."""
+    work = Workload(batch_size=batch, context=request.context + request.output_len // 2, itemsize=request.itemsize,
+                    change_rate=figures["change_rate"].value, output_len=request.output_len)
+    return tuple(step_time(mode, config, request.model, hardware(figures), work, exact=mode == "scout",
+                           host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK))
 
 
 def exact_slots(request: PlanRequest, config: ScoutConfig, budgets: dict, target: int, most: int) -> int:

@@ -331,7 +331,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         counts_source = "the stock backend's counts in Hardware (no CUDA graphs)"
     else:
         counts = host_counts(mode, batch, heads, host_overhead_path, variant="exact" if exact else "steady",
-                             recall_share=0.0 if exact else recall_share(mode, config, work))
+                             recall_share=recall_share(mode, config, work))
         syncs, plan_ms = counts.scalar_reads_per_layer, counts.plan_ms_per_step
         counts_source = f"{counts.how}: {counts.source}"
         if hw.host_is_device:  # a CPU device runs the torch path: every dispatched op (views too) costs its thread

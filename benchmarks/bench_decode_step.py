@@ -182,7 +182,7 @@ def main() -> int:
     threads = probe.num_threads
     probe.shutdown()
     load_before = os.getloadavg()[0]
-    hw = hardware(device, worker_name) | {"cores": cores.as_report()}
+    hw = hardware(device, worker_name) | {"core_plan": cores.as_report()}
     log(f"hardware: {hw}")
     layer_compute = LayerCompute(args.layer_compute_ms, kind, device)
     report = dict(hardware=hw, shapes=[], skipped=[], ablation=None, load_before=load_before, cpu_groups=threads)

@@ -64,6 +64,7 @@ def write_markdown(path: Path, report: dict) -> None:
         f"{hw['host_read_gbs']:.1f} GB/s (measured in this run)",
         f"- torch {hw['torch']}, {hw['torch_threads']} intra-op threads; CPU worker: {hw['cpu_pool']}",
         f"- device: `{hw['device']}`" + (f" ({hw['gpu']})" if "gpu" in hw else ""),
+        *([f"- core plan (cpu_worker/core_plan.py): {hw['core_plan']}"] if "core_plan" in hw else []),
         f"- load average (1 min) before / after: {report['load_before']:.2f} / {report['load_after']:.2f}"
         " (the machine is shared; other processes add noise)",
     ]

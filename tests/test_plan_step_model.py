@@ -358,3 +358,34 @@ def test_the_exact_path_reads_what_full_attention_reads_with_its_own_launches_an
     assert "exact" in launched.host_counts_source
     with pytest.raises(ValueError, match="exact path"):
         step_time("hgca", CONFIG, SPEC, HW, work, exact=True)
+
+
+def test_under_the_overlap_scheduler_the_plan_hides_behind_the_previous_step_unless_a_step_reads_the_device(
+        tmp_path):
+    """SGLang's overlap scheduler plans step N+1 while the device runs step N: with nothing read from the device,
+    a step takes the longer of the device's part and the host's, not their sum. A step with host reads waits for
+    the device every time (no overlap), and a CPU device computes on the thread that plans."""
+    path = _counts_file(tmp_path, ops_per_layer=300.0, launches_per_layer=200.0, plan_host_ms=0.25,
+                        gpu_launches_per_offloaded_layer=13.0, gpu_launches_per_dense_layer=3.0)
+    overlapped = dataclasses.replace(HW, cuda_graphs_for_engine=True, overlap_schedule=True)
+    for context, device_longer in ((40000, True), (8, False)):  # layer 0 reads 16 bytes a token at 1 GB/s
+        work = Workload(batch_size=1, context=context, itemsize=2, change_rate=0.0)
+        serial = step_time("scout", CONFIG, SPEC, dataclasses.replace(overlapped, overlap_schedule=False), work,
+                           host_overhead_path=path)
+        device_part = serial.step_ms - 0.25
+        assert (device_part > 0.25) == device_longer, device_part
+        step = step_time("scout", CONFIG, SPEC, overlapped, work, host_overhead_path=path)
+        assert step.step_ms == pytest.approx(max(device_part, 0.25)), context
+        assert "overlap" in step.host_counts_source and "overlap" not in serial.host_counts_source
+    work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.0)
+    reading = _counts_file(tmp_path, ops_per_layer=300.0, launches_per_layer=200.0, plan_host_ms=0.25,
+                           scalar_reads_per_layer=1.0, gpu_launches_per_offloaded_layer=13.0,
+                           gpu_launches_per_dense_layer=3.0)
+    launched = dataclasses.replace(overlapped, cuda_graphs_for_engine=False)  # its syncs are not graph-replayed
+    waits = step_time("scout", CONFIG, SPEC, launched, work, host_overhead_path=reading)
+    assert waits.step_ms == pytest.approx(step_time("scout", CONFIG, SPEC, dataclasses.replace(
+        launched, overlap_schedule=False), work, host_overhead_path=reading).step_ms)
+    cpu = dataclasses.replace(overlapped, host_is_device=True)
+    assert step_time("scout", CONFIG, SPEC, cpu, work, host_overhead_path=path).step_ms == pytest.approx(
+        step_time("scout", CONFIG, SPEC, dataclasses.replace(cpu, overlap_schedule=False), work,
+                  host_overhead_path=path).step_ms)

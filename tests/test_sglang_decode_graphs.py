@@ -38,7 +38,8 @@ from sglang.test.kits.attention_unittest.attention_methods import dense_attentio
 from scout_sglang.core.launch_program import Recorder  # noqa: E402
 from sglang.srt.model_executor.runner_utils.capture_mode import _set_capture_attention_variant  # noqa: E402
 
-from scout_sglang.sglang_adapter import graph_variants, plugin  # noqa: E402
+from scout_sglang.sglang_adapter import graph_variants, host_batch, plugin  # noqa: E402
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view  # noqa: E402
 
 CAPTURE_BS, PREFIX = 4, (30, 41, 23, 36)
 
@@ -67,10 +68,13 @@ def step_batch(fixture, rows: int, step: int):
     """The fixture's decode batch for its first `rows` requests, `step` tokens later."""
     fb = fixture.forward_batch
     seq_lens = fb.seq_lens[:rows] + step
-    return dataclasses.replace(
+    batch = dataclasses.replace(
         fb, batch_size=rows, req_pool_indices=fb.req_pool_indices[:rows], seq_lens=seq_lens,
         seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(seq_lens.sum()), positions=fb.positions[:rows] + step,
         out_cache_loc=fb.out_cache_loc[:rows], input_ids=fb.input_ids[:rows])  # the engine holds its own K/V
+    # what the plugin's hook on ForwardBatch.init_new adds: the scheduler's host copy of the request slots
+    host_batch.add_host_slots(batch, None, SimpleNamespace(req_pool_indices_cpu=batch.req_pool_indices.clone()))
+    return batch
 
 
 def attention(fixture, q, k, v, fb):
@@ -90,13 +94,19 @@ def prepare_replay(fixture, static_qkv, hidden, rows: int, step: int) -> None:
     projections write), and the plan of SGLang's replay view, the batch padded to the captured size."""
     for static, live in zip(static_qkv, fixture.actual_module.project_qkv(hidden[:rows])):
         static[:rows] = live
-    padded = step_batch(fixture, CAPTURE_BS, step)
+    live, padded = step_batch(fixture, rows, step), step_batch(fixture, CAPTURE_BS, step)
+    fill = fixture.backend.get_cuda_graph_seq_len_fill_value()
     padded.req_pool_indices[rows:] = 0
-    padded.seq_lens_cpu[rows:] = fixture.backend.get_cuda_graph_seq_len_fill_value()
-    view = SimpleNamespace(batch_size=CAPTURE_BS, num_padding=CAPTURE_BS - rows, forward_mode=ForwardMode.DECODE,
-                           req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
-                           seq_lens_cpu=padded.seq_lens_cpu, positions=padded.positions,
-                           out_cache_loc=padded.out_cache_loc[:rows])
+    padded.seq_lens[rows:] = fill
+    padded.seq_lens_cpu[rows:] = fill
+    buffers = SimpleNamespace(input_ids=padded.input_ids, positions=padded.positions,
+                              req_pool_indices=padded.req_pool_indices, seq_lens=padded.seq_lens,
+                              seq_lens_cpu=padded.seq_lens_cpu, encoder_lens=None, mamba_track_indices=None)
+    arguments = dict(forward_batch=live, buffers=buffers, bs=CAPTURE_BS, raw_bs=rows, num_tokens=CAPTURE_BS,
+                     global_num_tokens_cpu=None, seq_len_fill_value=fill, capture_forward_mode=ForwardMode.DECODE,
+                     is_encoder_decoder=False)
+    view = build_replay_fb_view(**arguments)  # SGLang's view, with what the plugin's AFTER hook adds to it
+    host_batch.add_host_view_fields(view, **arguments)
     fixture.backend.init_forward_metadata_out_graph(view)
 
 
@@ -132,6 +142,7 @@ def test_replays_give_the_eager_outputs_and_reuse_every_buffer():
     report = backend.report()  # between forwards: the replayed steps are committed and their counters read once
     assert report["decode_steps"] == 2 and backend.last_telemetry.totals().cpu_blocks > 0, "the CPU part never ran"
     assert all(engine.requests[slot].num_tokens == prefix + 2 for slot, prefix in zip(range(2), PREFIX))
+    assert report["planning_device_reads"] == 0  # every replay planned from host copies (host_batch.py)
     engine.close()
     eager.backend.engine.close()
 
@@ -181,6 +192,7 @@ def test_resident_first_captures_an_exact_graph_and_replays_it_when_every_reques
     report = backend.report()
     assert report["decode_steps"] == 3 and backend.last_telemetry.totals().cpu_blocks == 0
     assert not backend.last_telemetry.cpu_fallbacks, backend.last_telemetry.cpu_fallbacks
+    assert report["planning_device_reads"] == 0  # the variant's choice and the plan read host copies only
     backend.engine.close()
     eager.backend.engine.close()
 

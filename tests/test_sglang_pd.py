@@ -125,6 +125,7 @@ def test_a_mooncake_pd_pair_answers_like_the_reference_decoder_and_a_single_serv
     assert after["admitted_requests"] - before["admitted_requests"] == len(samples)
     assert after["decode_steps"] - before["decode_steps"] >= NEW_TOKENS  # batched steps; every token decoded here
     assert after["selected_blocks"] > before["selected_blocks"]  # the digests built on arrival chose blocks
+    assert after["planning_device_reads"] == 0  # the decode instance planned every step from host copies
     assert after["usage"] == {"requests": 0, "device_full_pages": 0, "host_pages": 0, "device_window_pages": 0}
     memory = after["memory"]
     assert memory["layout"] == "arrival" and memory["sglang_pool_device_bytes"] == 0  # K/V arrived in host memory

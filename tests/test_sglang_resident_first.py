@@ -81,6 +81,7 @@ def test_a_load_ramp_is_exact_at_low_load_and_sparse_without_failure_at_full_loa
     assert crowded["cpu_blocks"] > 0 and crowded["resident_pool"]["evicted_columns"] > 0
     assert crowded["resident_pool"]["recent_exact_share"] < 1.0
     assert sum(crowded["request_failures"].values()) == 0
+    assert end["planning_device_reads"] == 0  # every step of the ramp planned from the scheduler's host copies
     assert end["cpu_blocks"] == crowded["cpu_blocks"]  # exact again once alone
     assert end["usage"]["resident_pool_pages"] == 0 and end["usage"]["requests"] == 0
     # full load, token for token: each request as the reference decoder decodes it alone at the server's quotas

@@ -154,6 +154,10 @@ def gather_inputs(request: PlanRequest) -> dict[str, Figure]:
     figures["engine_cuda_graphs"] = Figure(1.0, "", "assumed", (
         "1: SGLang's decode CUDA graph captures the plugin's whole step (its default; checked by capture and replay "
         "on a CPU, not yet timed on a GPU): no launches per layer on the host"))
+    figures["overlap_schedule"] = Figure(1.0, "", "assumed", (
+        "1: SGLang's overlap scheduler (its default) plans and launches step N+1 while the GPU runs step N; the "
+        "plugin's planning reads no device value (sglang_adapter/host_batch.py, checked on a CPU server), so its "
+        "plan overlaps the previous step (not yet timed on a GPU)"))
     counted = "as sglang_adapter/adapter_ops.py counts them on this version (the same at any batch)"
     figures["adapter_launches_per_layer"] = Figure(ADAPTER_WRAPPER_LAUNCHES, "", "assumed",
                                                    f"the plugin's decode wrapper per engine layer, {counted}")
@@ -181,6 +185,7 @@ def hardware(figures: dict[str, Figure]) -> Hardware:
                     launch_us=figures["launch_us"].value, sync_us=figures["sync_us"].value,
                     model_launches_per_layer=figures["model_launches_per_layer"].value,
                     cuda_graphs_for_engine=bool(figures["engine_cuda_graphs"].value),
+                    overlap_schedule=bool(figures["overlap_schedule"].value),
                     adapter_launches_per_layer=figures["adapter_launches_per_layer"].value,
                     adapter_launches_per_predicted_layer=figures["adapter_launches_per_predicted_layer"].value)
 

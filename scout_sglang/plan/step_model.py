@@ -53,6 +53,10 @@ batch of B requests at context C (tokens), block size S, per layer:
          (scheduling, sampling, the model's ops when they are not counted per layer)
        + for the engine's modes, the plugin's host work a step beyond its counted
          ops: fixed + per request x B (measured on a CPU server; 0 on a GPU box).
+  under SGLang's overlap scheduler (`overlap_schedule`, a GPU), where no step reads a
+  device value, the host plans step N+1 while the device runs step N:
+  step = max(sum of layer times + the output projection,
+             the host's per-step work above + its launches).
 
 tokens/s = B / step. The step is bound by the resource whose summed time is
 largest (HBM, compute, CPU, PCIe, host); GPU idle = 1 - device time / step.
@@ -118,6 +122,11 @@ class Hardware:
         bookkeeping around the engine's plan, the forward hooks the prediction puts on the model's layers, its
         ops running slower inside a server than where they were timed; a fixed part and a part per request.
         Measured on a CPU server at a short context (0: not measured, as on a GPU box).
+    overlap_schedule : bool
+        SGLang's overlap scheduler (its default on a GPU): the host plans and launches step N+1 while the device
+        runs step N. It overlaps only a step that reads no device value (no sync: a read waits for the stream),
+        and then the step takes the longer of the device's part and the host's (its plan, its launches), not their
+        sum. Ignored where `host_is_device` (one thread does both).
     engine_attention_gbs : float
         The same for the engine's own device attention kernel (every mode but stock: its dense layers and its
         device part); 0 means `device_attention_gbs`. On a GPU both run near the HBM bandwidth; on a CPU device
@@ -145,6 +154,7 @@ class Hardware:
     adapter_launches_per_predicted_layer: float = 0.0
     engine_step_host_ms: float = 0.0
     engine_step_host_ms_per_request: float = 0.0
+    overlap_schedule: bool = False
 
 
 @dataclass(frozen=True)
@@ -348,7 +358,7 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
     if mode != STOCK:
         step_host += (hw.engine_step_host_ms + hw.engine_step_host_ms_per_request * batch) * 1e-3
     sums = dict.fromkeys(RESOURCES, 0.0)
-    totals = dict(hbm=0.0, cpu=0.0, cpu_list=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0)
+    totals = dict(hbm=0.0, cpu=0.0, cpu_list=0.0, pcie=0.0, device=0.0, step=0.0, without_host=0.0, launch=0.0)
     ratio = 0.0
     for layer in range(spec.num_layers):
         # quest keeps every layer on the device but attends its selection outside the dense layers
@@ -390,14 +400,20 @@ def step_time(mode: str, config: ScoutConfig, spec: ModelSpec, hw: Hardware, wor
         totals["device"] += t_dev
         totals["step"] += layer_time
         totals["without_host"] += without_host
+        totals["launch"] += t_launch
         ratio = max(ratio, head["cpu_ratio"])
     head_bytes = spec.head_params() * work.itemsize  # the output projection, once a step
     t_head = max(head_bytes / (hw.hbm_gbs * 1e9), 2 * spec.head_params() * batch / (hw.bf16_tflops * 1e12))
     sums["HBM"] += head_bytes / (hw.hbm_gbs * 1e9)
     sums["host"] += step_host
     totals["device"] += t_head
-    totals["step"] += t_head + step_host
-    totals["without_host"] += t_head + plan_ms * 1e-3  # CUDA graphs hide launches, not the plan before them
+    if hw.overlap_schedule and not hw.host_is_device and syncs == 0:  # the host runs a step ahead of the device
+        totals["step"] = max(totals["step"] + t_head, step_host + totals["launch"])
+        totals["without_host"] = max(totals["without_host"] + t_head, plan_ms * 1e-3)
+        counts_source += "; its host work overlaps the previous step (SGLang's overlap scheduler)"
+    else:
+        totals["step"] += t_head + step_host
+        totals["without_host"] += t_head + plan_ms * 1e-3  # CUDA graphs hide launches, not the plan before them
     totals["hbm"] += head_bytes
     step = totals["step"]
     return StepEstimate(mode=mode, batch_size=batch, context=work.context, step_ms=step * 1e3,

@@ -42,6 +42,7 @@ from scout_sglang.kernels.prefill import chunk_prefill_attention
 from scout_sglang.sglang_adapter import memory_report, prefix_pages
 from scout_sglang.sglang_adapter.arrival_pages import block_pages, borrowed_host_store, shares_arrival_pool
 from scout_sglang.sglang_adapter.graph_variants import EXACT, SPARSE
+from scout_sglang.sglang_adapter.host_batch import HostBatch
 from scout_sglang.sglang_adapter.kv_pool import (LAYOUT_ATTRIBUTE, RESIDENT_POOL_ATTRIBUTE, check_engine_memory,
                                                  plan_engine, pool_layout)
 from scout_sglang.sglang_adapter.layer_ahead import QueryPredictor, decoder_layers, prediction_problems
@@ -203,6 +204,7 @@ class ScoutAttnBackend:
         self.failures = RequestFailures(faults.request_state if faults is not None else None)
         self.last_telemetry = None
         self.stats = ServingStats()
+        self.host_batch = HostBatch()  # planning's reads of the batch, from host copies (host_batch.py)
         self._predicted: dict[int, torch.Tensor] = {}
         self._graph_step = False  # the planned step is a captured graph's: its host commits it later, unread
         self._graph_variant = None  # the captured graph graph_variant() picked for the next replay
@@ -273,8 +275,8 @@ class ScoutAttnBackend:
         requests hold one more token), as the planning that follows would."""
         self._finish_graph_step()
         rows = forward_batch.batch_size
-        rids = _host_list(forward_batch, "req_pool_indices")[:rows]
-        seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
+        rids = self.host_batch.ints(forward_batch, "req_pool_indices", rows)
+        seq_lens = self.host_batch.ints(forward_batch, "seq_lens", rows)
         requests = self.engine.requests
         known = all(rid in requests and requests[rid].num_tokens == seq_len - 1 and rid not in self.failures.given_up
                     for rid, seq_len in zip(rids, seq_lens))
@@ -399,6 +401,7 @@ class ScoutAttnBackend:
         report = self.stats.report(self.engine.usage())
         report["tp_rank"], report["tp_size"] = self.place.tp_rank, self.place.tp_size
         report["request_failures"] = dict(self.failures.counts)
+        report["planning_device_reads"] = self.host_batch.device_reads  # 0: no step's planning waits for the device
         report["cpu_worker"] = self.engine.cpu_worker_state()
         pool = self.engine.resident_pool_state()  # resident-first serving, or None
         report["resident_pool"] = None if pool is None else pool | {
@@ -449,8 +452,8 @@ class ScoutAttnBackend:
         captured graph it replays (None: eager, the engine decides)."""
         self._predicted.clear()
         rows = forward_batch.batch_size if rows is None else rows
-        rids = _host_list(forward_batch, "req_pool_indices")[:rows]
-        seq_lens = _host_list(forward_batch, "seq_lens")[:rows]
+        rids = self.host_batch.ints(forward_batch, "req_pool_indices", rows)
+        seq_lens = self.host_batch.ints(forward_batch, "seq_lens", rows)
         request_ids = (getattr(forward_batch, "rids", None) or [None] * rows)[:rows]
         self.failures.inject(self.engine, rids, request_ids)
         for rid, seq_len, request_id in zip(rids, seq_lens, request_ids):
@@ -507,7 +510,7 @@ class ScoutAttnBackend:
         """Admit the requests whose prefill starts (under the radix cache, with the cached prefix they start
         with); check that continued chunks continue what the engine holds (a chunk that does not is given up,
         and computed over itself alone)."""
-        rids = _host_list(forward_batch, "req_pool_indices")
+        rids = self.host_batch.ints(forward_batch, "req_pool_indices", forward_batch.batch_size)
         prefixes, lengths = list(forward_batch.extend_prefix_lens_cpu), forward_batch.extend_seq_lens_cpu
         request_ids = getattr(forward_batch, "rids", None) or [None] * len(rids)
         continued = [row for row, prefix in enumerate(prefixes) if prefix]
@@ -590,13 +593,6 @@ class ScoutAttnBackend:
             k = self.token_to_kv_pool.get_key_buffer(layer_id)[slots]
             v = self.token_to_kv_pool.get_value_buffer(layer_id)[slots]
             self.engine.prefill(rid, layer_id, k, v)
-
-
-def _host_list(forward_batch, name: str) -> list[int]:
-    """A ForwardBatch field from its host copy (`<name>_cpu`) when SGLang keeps one, else from the tensor
-    (on a GPU that is a device read, once per step, at planning)."""
-    host = getattr(forward_batch, f"{name}_cpu", None)
-    return (host if host is not None else getattr(forward_batch, name)).tolist()
 
 
 def _as_attention_backend():

@@ -15,8 +15,10 @@ co-attention statistics to the scheduler's internal state (GET /server_info,
 "scout_ranks"), an AFTER hook on the scheduler's release of host
 resources at a graceful exit (each backend's engine closed: its CPU worker
 threads joined), an AFTER hook on the scheduler's run_batch that aborts the
-requests a backend gave up on in that forward (request_failures.py), and the
-HTTP front's guards (guards.py).
+requests a backend gave up on in that forward (request_failures.py), AFTER
+hooks that give a decode batch and a decode graph's replay view the
+scheduler's host copy of their request slots, so that planning a step reads no
+device value (host_batch.py), and the HTTP front's guards (guards.py).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def register() -> None:
     if version_problem() is None:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from scout_sglang.sglang_adapter import graph_variants, guards, kv_pool
+        from scout_sglang.sglang_adapter import graph_variants, guards, host_batch, kv_pool
 
         HookRegistry.register(kv_pool.TARGET, kv_pool.configure_around, HookType.AROUND)
         HookRegistry.register(RELEASE_TARGET, _before_release, HookType.BEFORE)
@@ -76,6 +78,8 @@ def register() -> None:
         HookRegistry.register(EXIT_TARGET, _close_backends, HookType.AFTER)
         HookRegistry.register(RUN_BATCH_TARGET, _abort_failed_requests, HookType.AFTER)
         HookRegistry.register(graph_variants.TARGET, graph_variants.install_variants, HookType.AFTER)
+        HookRegistry.register(host_batch.INIT_TARGET, host_batch.add_host_slots, HookType.AFTER)
+        HookRegistry.register(host_batch.REPLAY_VIEW_TARGET, host_batch.add_host_view_fields, HookType.AFTER)
         HookRegistry.register(guards.CHAT_VALIDATE_TARGET, guards.check_chat, HookType.AFTER)
         HookRegistry.register(guards.COMPLETION_VALIDATE_TARGET, guards.check_completion, HookType.AFTER)
         HookRegistry.register(guards.GENERATE_TARGET, guards.check_generate, HookType.AROUND)

@@ -167,7 +167,7 @@ def test_a_split_row_gives_the_shares_and_the_zero_copy_reads_time_and_rate():
     run = StackRun(TINY, mode="scout", batch=2, context=96, steps=4, workload="heavy", block_size=8, token_budget=32,
                    device="cpu", cpu_split="0")
     try:
-        split = run.measure(3)["split"]
+        split = run.measure(3, overlapped=False)["split"]
     finally:
         run.close()
     assert split["zero_copy_share"] == 1.0 and split["cpu_mb_per_step"] == 0.0 and split["caps"] == [0, 0]
@@ -193,3 +193,27 @@ def test_on_a_gpu_the_whole_step_replays_from_one_cuda_graph_like_an_eager_step(
     finally:
         for run in runs:
             run.close()
+
+
+@pytest.mark.parametrize("fields", [{}, {"resident_first": True}], ids=["selecting", "resident-first"])
+def test_overlapped_steps_read_nothing_from_the_device_and_advance_every_request(fields):
+    """measure() also times steps back to back as SGLang's overlap scheduler runs them: the loop (inputs, plan,
+    layers, commit) must not read a device value, or on a GPU each step would wait for the one before (a CPU proxy:
+    no scalar read on this thread); each of its steps decodes a token of every request."""
+    from model_stack.parts import stack_steps
+    from model_stack.run import StackRun
+
+    from scout_sglang.core.op_counter import OpCounter
+
+    context, steps = 96, 2
+    run = StackRun(TINY, mode="scout", batch=2, context=context, steps=stack_steps(steps), workload="heavy",
+                   block_size=8, token_budget=32, device="cpu", **fields)
+    try:
+        row = run.measure(steps)
+        assert row["overlapped_step_ms"] > 0 and row["overlapped_tokens_per_s"] > 0
+        assert [state.num_tokens for state in run.engine.requests.values()] == [context + 1 + 2 * steps] * 2
+        with OpCounter() as counter:
+            run.steps_overlapped(steps)
+        assert counter.scalar_reads == 0, {op: n for op, n in counter.ops.items() if "scalar" in op}
+    finally:
+        run.close()

@@ -30,6 +30,12 @@ def stack_shape(setup, layers: int | None = None) -> Qwen3Shape:
                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
 
 
+def stack_steps(steps: int) -> int:
+    """The decode steps a configuration timed over `steps` makes (its stores are sized for them): a warm-up, the
+    timed steps, as many overlapped (StackRun.measure), and the GPU-busy replays (busy_without_wait)."""
+    return 2 * steps + 3
+
+
 def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=None, kernel_impl=None,
                cpu_split="off", **config_fields) -> dict:
     """Build, prefill, capture and time one configuration -> its row (or its error). cpu_split: the engine's
@@ -40,7 +46,8 @@ def run_config(setup, shape, mode, batch, context, *, workload="heavy", steps=No
     run = None
     try:
         warmup = SPLIT_WARMUP_STEPS if cpu_split == "auto" else 0  # measure() settles an auto split's caps first
-        run = StackRun(shape, mode=mode, batch=batch, context=context, steps=steps + 3 + warmup, workload=workload,
+        run = StackRun(shape, mode=mode, batch=batch, context=context, steps=stack_steps(steps) + warmup,
+                       workload=workload,
                        block_size=setup.block, token_budget=setup.budget, device=setup.device,
                        kernel_impl=kernel_impl or ("triton" if setup.dry else None), cpu_split=cpu_split,
                        **config_fields)

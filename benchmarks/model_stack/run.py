@@ -134,10 +134,29 @@ class StackRun:
         synchronize(self.device)
         return time.perf_counter() - start
 
-    def measure(self, steps: int, *, warmup: int = 1) -> dict:
+    def steps_overlapped(self, steps: int) -> float:
+        """`steps` decode steps back to back as SGLang's overlap scheduler runs them: each step's inputs and plan
+        are issued while the device still runs the step before (nothing in a step waits for the device), one wait
+        after the last -> seconds a step. On a CPU device the work is synchronous, and this is the serial step."""
+        synchronize(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            self._next_inputs()
+            graph = self.begin()
+            if graph is not None:
+                graph.replay()
+            else:
+                with torch.no_grad():
+                    self._step_body()
+            self.engine.end_step(read=False)
+        synchronize(self.device)
+        return (time.perf_counter() - start) / steps
+
+    def measure(self, steps: int, *, warmup: int = 1, overlapped: bool = True) -> dict:
         """Median step of `steps` (after `warmup`), tokens/s, and what the steps did: the CPU ratio, the change rate
         and the predicted-query cosine (the workload's calibration), the CPU part's bytes, attend and worker CPU
-        ms, the wait kernel's ms and the in-engine GB/s."""
+        ms, the wait kernel's ms and the in-engine GB/s. overlapped: then `steps` more, timed back to back as SGLang's
+        overlap scheduler runs them (steps_overlapped: the plan beside the previous step), as overlapped_step_ms."""
         if self.engine.cpu_split is not None and self.engine.cpu_split.share is None:
             warmup = max(warmup, SPLIT_WARMUP_STEPS)  # auto: the caps settle on what the steps measure
         for _ in range(warmup):
@@ -156,7 +175,12 @@ class StackRun:
                    cpu_split=self.engine.config.cpu_split, graph=self.graph is not None, step_ms=round(step_ms, 3),
                    tokens_per_s=round(self.batch / step_ms * 1e3, 1), prefill_s=round(self.prefill_s, 1),
                    workload=self.workload.kind,
-                   predict_cosine=round(sum(self.workload.cosines[cosines0:]) / steps, 4))
+                   predict_cosine=round(self.workload.predict_cosine(cosines0), 4))
+        if overlapped:
+            overlapped_ms = 1e3 * self.steps_overlapped(steps)
+            self.engine.collect_telemetry()  # the overlapped steps' counters, left out of the row's figures
+            row.update(overlapped_step_ms=round(overlapped_ms, 3),
+                       overlapped_tokens_per_s=round(self.batch / overlapped_ms * 1e3, 1))
         if totals is not None and self.mode != "full":
             row.update(cpu_ratio=round(totals.cpu_ratio, 4), change_rate=round(totals.change_rate, 4))
         if worker is not None and totals is not None:

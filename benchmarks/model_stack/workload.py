@@ -65,7 +65,7 @@ class DeviceWorkload:
             torch.randn(num_layers, batch, num_kv_heads, self.heavy.topics, generator=self.gen, device=self.device),
             dim=-1)
         self.position = context
-        self.cosines: list[float] = []
+        self.cosines: list[torch.Tensor] = []  # one 0-dim tensor a step, read when reported (no read a step)
 
     # -- prompts ------------------------------------------------------------------------------------------------
     def prompt(self, row: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +123,7 @@ class DeviceWorkload:
         self.v_new.normal_(generator=gen)
         self.position += 1
         cosine = torch.nn.functional.cosine_similarity(self.q, self.q_pred, dim=-1).mean()
-        self.cosines.append(float(cosine))  # outside the timed step: the calibration's record
+        self.cosines.append(cosine)  # the calibration's record, read at the end: a read here waits for the device
 
     def inject(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pred) -> None:
         """The model stack's hook: this step's inputs of `layer` over the model's (rows of the engine's buffers)."""
@@ -134,6 +134,7 @@ class DeviceWorkload:
         if q_pred is not None and layer + 1 < self.layers:
             q_pred.copy_(self.q_pred[layer + 1, :rows])
 
-    def predict_cosine(self) -> float:
-        """The mean cosine of the predicted to the real query over the steps made."""
-        return sum(self.cosines) / len(self.cosines) if self.cosines else float("nan")
+    def predict_cosine(self, first: int = 0) -> float:
+        """The mean cosine of the predicted to the real query over the steps made (from step `first`)."""
+        cosines = self.cosines[first:]
+        return float(torch.stack(cosines).mean()) if cosines else float("nan")

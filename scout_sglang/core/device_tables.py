@@ -81,7 +81,9 @@ class DeviceTable:
             return cells, pages
         host = self.tables.table
         for slot, (lo, hi) in dirty.items():
-            self.table[slot, lo:hi].copy_(host[slot, lo:hi])  # pageable source: staged before this returns
+            # pageable source: CUDA stages it before the call returns, so neither a later change of the host table
+            # nor the host waits for the stream (a blocking copy would synchronize it)
+            self.table[slot, lo:hi].copy_(host[slot, lo:hi], non_blocking=True)
             self.bytes_copied += (hi - lo) * host.element_size()
         return [], []
 

@@ -52,7 +52,7 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
     slot = engine.requests[rid].slot
     if shared < outside:
         host = store.host_pages.span(rid, sink + shared, outside - shared)
-        pages = pool.table[slot, shared:outside].long().to(engine.device)
+        pages = pool.table[slot, shared:outside].long().to(engine.device, non_blocking=True)  # staged: no wait
         for layer in engine.offloaded_layers:
             store.load_from_host(layer, host, pages)
             store.resident_map[layer][slot, :, shared:outside] = torch.arange(

@@ -23,6 +23,7 @@ from test_shared_prefix import (
 )
 
 from scout_sglang.sglang_adapter.backend import ScoutAttnBackend
+from scout_sglang.sglang_adapter.host_batch import HostBatch
 from scout_sglang.sglang_adapter.request_failures import RequestFailures
 from scout_sglang.sglang_adapter.serving_stats import ServingStats
 
@@ -53,6 +54,7 @@ def glue(engine, pool) -> ScoutAttnBackend:
     backend.engine, backend.config, backend.layout, backend.shares_prefixes = engine, engine.config, "logical", True
     backend.req_to_token_pool = SimpleNamespace(req_to_token=pool.req_to_token)
     backend.failures, backend.stats, backend._prefilling, backend.metrics = RequestFailures(), ServingStats(), {}, None
+    backend.host_batch = HostBatch()
     return backend
 
 

@@ -510,8 +510,8 @@ class ScoutAttnBackend:
         """Admit the requests whose prefill starts (under the radix cache, with the cached prefix they start
         with); check that continued chunks continue what the engine holds (a chunk that does not is given up,
         and computed over itself alone)."""
-        rids = self.host_batch.ints(forward_batch, "req_pool_indices", forward_batch.batch_size)
         prefixes, lengths = list(forward_batch.extend_prefix_lens_cpu), forward_batch.extend_seq_lens_cpu
+        rids = self.host_batch.ints(forward_batch, "req_pool_indices", len(prefixes))
         request_ids = getattr(forward_batch, "rids", None) or [None] * len(rids)
         continued = [row for row, prefix in enumerate(prefixes) if prefix]
         self.failures.inject(self.engine, [rids[row] for row in continued], [request_ids[row] for row in continued],

@@ -72,6 +72,7 @@ def test_two_resident_first_ranks_decode_like_one_at_a_covering_budget_and_repor
         assert 2 * rank["memory"]["token_bytes"] == single["memory"]["token_bytes"]
         assert rank["memory"]["token_slots"] == single["memory"]["token_slots"]
         assert rank["decode_steps"] == single["decode_steps"] > 0
+        assert rank["planning_device_reads"] == 0  # each rank planned from the scheduler's host copies
     # each rank's CPU worker threads run on CPUs of their own (read back from the OS)
     cpus = [set(rank["cpu_worker"]["cpus"]) for rank in ranks]
     assert all(cpus) and not cpus[0] & cpus[1]

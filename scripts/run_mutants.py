@@ -114,6 +114,9 @@ TESTS_FOR = {
     "scout_sglang/core/layer_stages.py": (
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle",
         *FAST_TESTS),
+    # planning's host copies of a batch in SGLang: their own tests, then the decode graphs' replays that use them
+    "scout_sglang/sglang_adapter/host_batch.py": ("tests/test_sglang_host_batch.py",
+                                                  "tests/test_sglang_decode_graphs.py"),
     "kernels/triton/": TRITON_TESTS,
     "kernels/": FAST_TESTS,
     "scout_sglang/": FAST_TESTS,

@@ -115,6 +115,32 @@ def test_threads_spin_only_while_a_step_is_under_way_then_park():
         pool.shutdown()
 
 
+def test_a_step_planned_while_the_last_still_rings_serves_both_in_order():
+    """SGLang's overlap scheduler plans step N+1 (expect) while the GPU still runs step N: the rings of step N's
+    later layers come after the expectation of step N+1. They are served, then step N+1's, each part exact; then
+    the pool parks."""
+    pool = NativeWorkerPool(threads=2, grace_s=2e-4, min_item_blocks=2)
+    try:
+        parts = {index: part_of(torch.randint(0, 40, (8, HEADS)), seed=10 + index) for index in (0, 1, 2)}
+        for index, part in parts.items():
+            pool.register_layer(index, part)
+        expected = {index: reference.sparse_decode(part.q, part.k_cache, part.v_cache, part.pages, part.counts,
+                                                   scale=part.scale) for index, part in parts.items()}
+        pool.expect(list(parts), 1)
+        for seq in (1, 2, 3):
+            for position, (index, part) in enumerate(parts.items()):
+                if position == 1 and seq < 3:
+                    pool.expect(list(parts), seq + 1)  # the next step planned, this one's later layers to ring
+                part.out_o.zero_()
+                ring_by_device(part, seq)
+                assert pool.wait_done(index, seq, timeout_s=30) == STATUS_OK, (seq, index)
+                torch.testing.assert_close(part.out_o, expected[index][0], atol=2e-5, rtol=2e-5)
+        time.sleep(0.005)
+        assert thread_states(pool.thread_ids()) == ["S", "S"]
+    finally:
+        pool.shutdown()
+
+
 def test_a_step_whose_rings_do_not_come_dozes_and_the_next_step_replaces_it():
     """expect() with no ring (a step the device never ran): thread 0 spins for the stall window then dozes, the
     others never leave their park; the next step's expectation replaces it and is served."""

@@ -113,6 +113,9 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     assert list(ratios) == sorted({*(2**i for i in range(8) if 2**i < low["exact_batch"]), low["exact_batch"]})
     assert ratios[low["exact_batch"]] == pytest.approx(low["ratio"], abs=1e-4)
     assert min(ratios.values()) == ratios[1] <= low["ratio"] + 1e-4
+    # a server started with --disable-overlap-schedule: the plan in series, weighing most at one request
+    serial = {int(size): ratio for size, ratio in low["ratios_plan_in_series"].items()}
+    assert serial.keys() == ratios.keys() and min(serial.values()) == serial[1] < ratios[1]
     request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=context, output_len=1024,
                           overrides={"host_memory": 512})
     planned = plan(request)

@@ -6,6 +6,8 @@ plan() returns.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from dataclasses import dataclass, field
@@ -228,16 +230,24 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     sizes = sorted({*(2**i for i in range(batch.bit_length()) if 2**i < batch), batch})
     steps = {size: exact_and_full_steps(request, config, figures, size) for size in sizes}
     ratios = {size: scout.tokens_per_s / full.tokens_per_s for size, (scout, full) in steps.items()}
+    serial = {size: exact_and_full_steps(request, config, figures, size, overlap=False) for size in sizes}
     scout, full = steps[batch]
     return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": scout,
-            "full": full, "ratio": ratios[batch], "ratios": {size: round(ratio, 4) for size, ratio in ratios.items()}}
+            "full": full, "ratio": ratios[batch], "ratios": {size: round(ratio, 4) for size, ratio in ratios.items()},
+            "ratios_plan_in_series": {size: round(scout.tokens_per_s / full.tokens_per_s, 4)
+                                      for size, (scout, full) in serial.items()}}
 
 
-def exact_and_full_steps(request: PlanRequest, config: ScoutConfig, figures: dict, batch: int) -> tuple:
-    """(scout's step on the exact path, full attention's step) of `batch` requests at the planned length."""
+def exact_and_full_steps(request: PlanRequest, config: ScoutConfig, figures: dict, batch: int, *,
+                         overlap: bool | None = None) -> tuple:
+    """(scout's step on the exact path, full attention's step) of `batch` requests at the planned length; overlap:
+    whether the host runs a step ahead (SGLang's overlap scheduler; None: as the figures say)."""
     work = Workload(batch_size=batch, context=request.context + request.output_len // 2, itemsize=request.itemsize,
                     change_rate=figures["change_rate"].value, output_len=request.output_len)
-    return tuple(step_time(mode, config, request.model, hardware(figures), work, exact=mode == "scout",
+    box = hardware(figures)
+    if overlap is not None:
+        box = dataclasses.replace(box, overlap_schedule=overlap)
+    return tuple(step_time(mode, config, request.model, box, work, exact=mode == "scout",
                            host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK))
 
 

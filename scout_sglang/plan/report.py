@@ -109,7 +109,8 @@ def _low_load_lines(low: dict | None) -> list[str]:
             f"path take {scout.step_ms:.2f} ms a step ({scout.tokens_per_s:.0f} tokens/s) against full attention's "
             f"{full.step_ms:.2f} ms at that batch: {low['ratio']:.3f}x its tokens/s; at "
             + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios"].items())
-            + f" (exact-path counts: {scout.host_counts_source})"]
+            + f" (exact-path counts: {scout.host_counts_source}); with the plan in series (--disable-overlap-schedule):"
+            " " + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios_plan_in_series"].items())]
 
 
 def json_report(plan: dict) -> dict:

@@ -261,3 +261,23 @@ def test_a_request_out_of_step_with_the_engine_is_rebuilt_only_from_a_pool_that_
         assert sorted(given_up) == sorted(slots)
         assert all("arrival pool holds no decoded token" in message for message in given_up.values())
         assert backend.failures.counts["decode"] == CAPTURE_BS
+
+
+def test_on_a_gpu_eager_steps_leave_their_counters_on_the_device_until_a_collection():
+    """Eager steps (a batch past the captured sizes, or graphs off) on a GPU end unread, as a replayed graph's do:
+    a read at each step's end would make the host wait for the step, so SGLang's overlap scheduler could not plan
+    the next one meanwhile. Their counters accumulate on the device and a report (or the interval's collection)
+    reads them all at once. The CPU device reads every step."""
+    fixture = build()
+    backend = fixture.backend
+    assert backend.read_each_step  # this device is the host's CPU
+    backend.read_each_step = False  # what a CUDA device sets
+    backend._collected = float("inf")  # no interval collection comes due in this test
+    hidden = torch.randn(CAPTURE_BS, fixture.actual_module.hidden_size, dtype=torch.bfloat16)
+    for step in range(2):
+        eager_attention(fixture, step_batch(fixture, CAPTURE_BS, step), hidden)
+    assert backend.stats.decode_steps == 0 and backend.engine.telemetry.steps == 2  # nothing read yet
+    report = backend.report()
+    assert report["decode_steps"] == 2 and report["planning_device_reads"] == 0
+    assert all(backend.engine.requests[slot].num_tokens == prefix + 2 for slot, prefix in enumerate(PREFIX))
+    backend.engine.close()

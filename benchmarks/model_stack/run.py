@@ -136,10 +136,14 @@ class StackRun:
 
     def steps_overlapped(self, steps: int) -> float:
         """`steps` decode steps back to back as SGLang's overlap scheduler runs them: each step's inputs and plan
-        are issued while the device still runs the step before (nothing in a step waits for the device), one wait
-        after the last -> seconds a step. On a CPU device the work is synchronous, and this is the serial step."""
+        are issued while the device still runs the step before (nothing in a step waits for the device), and once
+        a step is launched the host waits for the one before it, as the scheduler does to process its result: the
+        host runs at most one step ahead. One wait after the last -> seconds a step. On a CPU device the work is
+        synchronous, and this is the serial step."""
+        on_cuda = self.device.type == "cuda"
         synchronize(self.device)
         start = time.perf_counter()
+        launched = None  # the event after the step before
         for _ in range(steps):
             self._next_inputs()
             graph = self.begin()
@@ -149,6 +153,13 @@ class StackRun:
                 with torch.no_grad():
                     self._step_body()
             self.engine.end_step(read=False)
+            if launched is not None:
+                launched.synchronize()  # the step before is done: its result processed
+            if on_cuda:
+                from scout_sglang.core.host_wait import blocking_event
+
+                launched = blocking_event()
+                launched.record()
         synchronize(self.device)
         return (time.perf_counter() - start) / steps
 
@@ -176,11 +187,6 @@ class StackRun:
                    tokens_per_s=round(self.batch / step_ms * 1e3, 1), prefill_s=round(self.prefill_s, 1),
                    workload=self.workload.kind,
                    predict_cosine=round(self.workload.predict_cosine(cosines0), 4))
-        if overlapped:
-            overlapped_ms = 1e3 * self.steps_overlapped(steps)
-            self.engine.collect_telemetry()  # the overlapped steps' counters, left out of the row's figures
-            row.update(overlapped_step_ms=round(overlapped_ms, 3),
-                       overlapped_tokens_per_s=round(self.batch / overlapped_ms * 1e3, 1))
         if totals is not None and self.mode != "full":
             row.update(cpu_ratio=round(totals.cpu_ratio, 4), change_rate=round(totals.change_rate, 4))
         if worker is not None and totals is not None:
@@ -208,6 +214,11 @@ class StackRun:
                                 zero_copy_gbs=round(totals.zero_copy_bytes / totals.zero_copy_s / 1e9, 2)
                                 if totals.zero_copy_s and totals.zero_copy_bytes else None,
                                 caps=split.step_caps(), source=split.source, link=split.describe()["link_source"])
+        if overlapped:  # last: every figure above is the timed steps' alone
+            overlapped_ms = 1e3 * self.steps_overlapped(steps)
+            self.engine.collect_telemetry()  # the overlapped steps' counters, not the row's
+            row.update(overlapped_step_ms=round(overlapped_ms, 3),
+                       overlapped_tokens_per_s=round(self.batch / overlapped_ms * 1e3, 1))
         return row
 
     def close(self) -> None:

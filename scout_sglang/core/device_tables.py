@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from scout_sglang.core.host_copy import to_device
 from scout_sglang.layout import PAD_BLOCK
 
 
@@ -81,9 +82,8 @@ class DeviceTable:
             return cells, pages
         host = self.tables.table
         for slot, (lo, hi) in dirty.items():
-            # pageable source: CUDA stages it before the call returns, so neither a later change of the host table
-            # nor the host waits for the stream (a blocking copy would synchronize it)
-            self.table[slot, lo:hi].copy_(host[slot, lo:hi], non_blocking=True)
+            # a page-locked snapshot, copied without waiting for the stream (host_copy.py)
+            self.table[slot, lo:hi].copy_(to_device(host[slot, lo:hi], self.table.device), non_blocking=True)
             self.bytes_copied += (hi - lo) * host.element_size()
         return [], []
 

@@ -7,6 +7,7 @@ counts only; a shrinking quota's compaction is a fixed number of device ops per 
 
 from __future__ import annotations
 
+from scout_sglang.core.host_copy import to_device
 from scout_sglang.core.resident_pool import compact_rows
 from scout_sglang.layout import PAD_BLOCK
 
@@ -48,8 +49,8 @@ def rebalance(engine, tokens: dict[int, int], *, dips: bool = False) -> None:
         pool.grow(rid, engine.requests[rid].slot, quota)
     if moving:  # one set of ops per layer for all of them, after every page changed hands (a page one row frees
         # may be one another moves into: the copy reads every source before it writes)
-        src = before.to(engine.device, non_blocking=True)
-        dst = store.resident_page_table[slots].to(engine.device, non_blocking=True)
+        src = to_device(before, engine.device)  # page-locked snapshots: no wait for the stream
+        dst = to_device(store.resident_page_table[slots], engine.device)
         # A row that ran a step exact since its last sparse one keeps its newest blocks: its last selection is
         # stale where that step ran on the exact path, which depends on its batch (a replay alone must compact it
         # alike). A row only unsharing keeps its columns' order.

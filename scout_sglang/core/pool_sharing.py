@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from scout_sglang.core.host_copy import to_device
 from scout_sglang.core.pool_rebalance import pool_quotas, rebalance
 
 
@@ -52,7 +53,7 @@ def adopt_rows(engine, rid: int, num_tokens: int) -> None:
     slot = engine.requests[rid].slot
     if shared < outside:
         host = store.host_pages.span(rid, sink + shared, outside - shared)
-        pages = pool.table[slot, shared:outside].long().to(engine.device, non_blocking=True)  # staged: no wait
+        pages = to_device(pool.table[slot, shared:outside], engine.device, torch.long)  # no wait for the stream
         for layer in engine.offloaded_layers:
             store.load_from_host(layer, host, pages)
             store.resident_map[layer][slot, :, shared:outside] = torch.arange(

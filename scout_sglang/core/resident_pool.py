@@ -56,6 +56,7 @@ from collections import deque
 
 import torch
 
+from scout_sglang.core.host_copy import to_device
 from scout_sglang.core.stores import SlotPageTable
 from scout_sglang.kernels.recall_brake import FRESH, MOVED
 from scout_sglang.layout import PAD_BLOCK
@@ -333,13 +334,6 @@ def dip_at(runs: list[list[int]], step: int) -> int | None:
     return None
 
 
-def to_device(values: list, dtype: torch.dtype, device) -> torch.Tensor:
-    """A host list as a tensor on `device`, without waiting for the stream: CUDA stages a pageable source before
-    the copy call returns, so the list may change at once, and the host does not wait for the step before
-    (torch.tensor(values, device=...) would: a blocking copy synchronizes the stream)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-
 def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pages: torch.Tensor,
                  last_selection: torch.Tensor, dev_k: torch.Tensor, dev_v: torch.Tensor, *, max_blocks: int,
                  brake_state: torch.Tensor | None = None, by_recency: list[bool] | None = None,
@@ -360,8 +354,8 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     up its shared pages: its blocks move to its own); reordered : per slot, False: its columns keep their order
     (only their pages change; its brake state stands)."""
     device = resident.device
-    index = to_device(slots, torch.long, device)
-    keep = to_device(keeps, torch.long, device).view(-1, 1, 1)
+    index = to_device(slots, device, torch.long)
+    keep = to_device(keeps, device, torch.long).view(-1, 1, 1)
     rows = resident[index]  # [S, Hkv, R]
     _, num_kv_heads, width = rows.shape
     selection = last_selection[index].long()  # [S, Hkv, K]
@@ -369,7 +363,7 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     listed = selection != PAD_BLOCK
     newest = None
     if by_recency is not None and any(by_recency):
-        newest = to_device(by_recency, torch.bool, device).view(-1, 1, 1)
+        newest = to_device(by_recency, device, torch.bool).view(-1, 1, 1)
         listed &= ~newest
     rank = torch.full((*rows.shape[:2], max_blocks + 1), -1, dtype=torch.long, device=device)  # block -> position
     positions = torch.arange(topk, device=device).expand_as(selection)
@@ -380,7 +374,7 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     key = torch.where(held & (position >= 0), position,  # the other held blocks newest first, then the empty
                       torch.where(held, topk + max_blocks - rows.long(), topk + max_blocks + column))
     if reordered is not None and not all(reordered):
-        in_place = to_device([not r for r in reordered], torch.bool, device).view(-1, 1, 1)
+        in_place = to_device([not r for r in reordered], device, torch.bool).view(-1, 1, 1)
         key = torch.where(in_place, column, key)
     order = torch.sort(key, dim=2, stable=True).indices  # [S, Hkv, R] source column of each new column
     kept = torch.where(column < keep, rows.gather(2, order), PAD_BLOCK)
@@ -397,6 +391,6 @@ def compact_rows(resident: torch.Tensor, slots: list[int], keeps: list[int], pag
     resident.index_copy_(0, index, kept.to(resident.dtype))
     if brake_state is not None:
         moved = index if reordered is None else \
-            to_device([slot for slot, r in zip(slots, reordered) if r], torch.long, device)
+            to_device([slot for slot, r in zip(slots, reordered) if r], device, torch.long)
         brake_state[moved, :, MOVED] = 0
         brake_state[moved, :, FRESH:] = 0

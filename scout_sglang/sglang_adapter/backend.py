@@ -206,6 +206,10 @@ class ScoutAttnBackend:
         self.stats = ServingStats()
         self.host_batch = HostBatch()  # planning's reads of the batch, from host copies (host_batch.py)
         self._predicted: dict[int, torch.Tensor] = {}
+        # A GPU's eager steps leave their counters on the device, read at intervals as a graph's are: a read at each
+        # step's end would make the host wait for the step, and SGLang's overlap scheduler could not plan the next
+        # one meanwhile. Where the device is the host's CPU every step is read (nothing runs ahead there).
+        self.read_each_step = torch.device(self.device).type != "cuda"
         self._graph_step = False  # the planned step is a captured graph's: its host commits it later, unread
         self._graph_variant = None  # the captured graph graph_variant() picked for the next replay
         self._collected = float("-inf")  # time.monotonic() of the last read of a graph's telemetry
@@ -345,7 +349,7 @@ class ScoutAttnBackend:
         self.engine.attend(layer_id, q, k.reshape(rows, kv_heads, head_dim), v.reshape(rows, kv_heads, head_dim),
                            out=out.view(rows, heads, head_dim))
         if layer_id == self.shape.num_layers - 1 and not self._graph_step:
-            self._add_telemetry(self.engine.end_step())
+            self._add_telemetry(self.engine.end_step(read=self.read_each_step))
         return out
 
     def _add_telemetry(self, telemetry) -> None:

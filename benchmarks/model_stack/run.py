@@ -124,6 +124,12 @@ class StackRun:
         self._next_inputs()
         synchronize(self.device)
         start = time.perf_counter()
+        self._launch()
+        synchronize(self.device)
+        return time.perf_counter() - start
+
+    def _launch(self) -> None:
+        """Plan the next step and launch it (its graph replayed, or run eagerly), committing it unread."""
         graph = self.begin()
         if graph is not None:
             graph.replay()
@@ -131,8 +137,6 @@ class StackRun:
             with torch.no_grad():
                 self._step_body()
         self.engine.end_step(read=False)
-        synchronize(self.device)
-        return time.perf_counter() - start
 
     def steps_overlapped(self, steps: int) -> float:
         """`steps` decode steps back to back as SGLang's overlap scheduler runs them: each step's inputs and plan
@@ -146,13 +150,7 @@ class StackRun:
         launched = None  # the event after the step before
         for _ in range(steps):
             self._next_inputs()
-            graph = self.begin()
-            if graph is not None:
-                graph.replay()
-            else:
-                with torch.no_grad():
-                    self._step_body()
-            self.engine.end_step(read=False)
+            self._launch()
             if launched is not None:
                 launched.synchronize()  # the step before is done: its result processed
             if on_cuda:

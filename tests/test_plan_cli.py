@@ -116,6 +116,18 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     # a server started with --disable-overlap-schedule: the plan in series, weighing most at one request
     serial = {int(size): ratio for size, ratio in low["ratios_plan_in_series"].items()}
     assert serial.keys() == ratios.keys() and min(serial.values()) == serial[1] < ratios[1]
+    # past the exact batch, up to full attention's largest: the sparse step, by doubling
+    sparse = {int(size): ratio for size, ratio in low["ratios_sparse"].items()}
+    if low["exact_batch"] < low["full_batch"]:
+        first, last = low["exact_batch"] + 1, low["full_batch"]
+        assert list(sparse) == sorted({first, last, *(2**i for i in range(8) if first < 2**i < last)})
+        # the selecting path reads the budget's blocks, not the context: faster than full attention, and more so
+        # than the exact path, which reads what full attention reads
+        assert min(sparse.values()) > 1.0 >= max(ratios.values()) - 1e-4
+    else:
+        assert sparse == {}
+    every = {**ratios, **sparse}
+    assert low["lowest_ratio"] == {"batch": min(every, key=every.get), "ratio": min(every.values())}
     request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=context, output_len=1024,
                           overrides={"host_memory": 512})
     planned = plan(request)
@@ -130,4 +142,6 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     else:
         assert not keeps(low["full_batch"])  # not even as many slots as requests
     assert main(args) == 0
-    assert f"up to full attention's max batch ({low['full_batch']} requests): " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"up to full attention's max batch ({low['full_batch']} requests): " in out
+    assert f"least of every batch full attention fits: {low['lowest_ratio']['ratio']:.3f}x" in out

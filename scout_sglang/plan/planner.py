@@ -216,38 +216,61 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     requests of this length scout's pool keeps exact together (its sizing at scout's largest batch, what the server
     runs; past that many the pool's pages are shared evenly and every request runs sparse), the most request slots
     a server may have and keep full attention's largest batch exact (exact_slots), and the step of the most that
-    run exact, on the exact path, against full attention's at the same batch and context. None without both modes
-    or a pool."""
+    run exact, on the exact path, against full attention's at the same batch and context. Past the exact batch, up
+    to full attention's largest, scout's sparse step against full attention's (ratios_sparse: priced as a row of
+    the preset's resident blocks, so its CPU part is an upper bound: a quota above the floor holds more of each
+    selection); lowest_ratio: the least of every ratio, the issue's target at every batch full attention fits.
+    None without both modes or a pool."""
     scout, stock = results.get("scout"), results.get(STOCK)
     if not scout or not stock or not scout["resident_pool"] or stock["capacity"].max_batch < 1:
         return None
     full_batch = stock["capacity"].max_batch
     batch = min(full_batch, scout["resident_pool"]["exact_requests"])
     slots = exact_slots(request, config, budgets, full_batch, scout["capacity"].max_batch)
+    # past the exact batch: sparse, by doubling from the first sparse batch to full attention's largest
+    sparse_sizes = sorted({batch + 1, full_batch, *(2**i for i in range(full_batch.bit_length())
+                                                    if batch < 2**i < full_batch)}) if batch < full_batch else []
+    sparse = {size: _ratio(exact_and_full_steps(request, config, figures, size, exact=False))
+              for size in sparse_sizes}
     if batch < 1:
-        return {"full_batch": full_batch, "exact_batch": 0, "exact_slots": slots}
+        return {"full_batch": full_batch, "exact_batch": 0, "exact_slots": slots, "ratios_sparse": sparse,
+                "lowest_ratio": _lowest(sparse)}
     # every batch up to it, by doubling: the engine's plan weighs most at one request
     sizes = sorted({*(2**i for i in range(batch.bit_length()) if 2**i < batch), batch})
     steps = {size: exact_and_full_steps(request, config, figures, size) for size in sizes}
-    ratios = {size: scout.tokens_per_s / full.tokens_per_s for size, (scout, full) in steps.items()}
-    serial = {size: exact_and_full_steps(request, config, figures, size, overlap=False) for size in sizes}
+    ratios = {size: _ratio(pair) for size, pair in steps.items()}
+    serial = {size: _ratio(exact_and_full_steps(request, config, figures, size, overlap=False)) for size in sizes}
     scout, full = steps[batch]
     return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": scout,
-            "full": full, "ratio": ratios[batch], "ratios": {size: round(ratio, 4) for size, ratio in ratios.items()},
-            "ratios_plan_in_series": {size: round(scout.tokens_per_s / full.tokens_per_s, 4)
-                                      for size, (scout, full) in serial.items()}}
+            "full": full, "ratio": ratios[batch], "ratios": ratios, "ratios_plan_in_series": serial,
+            "ratios_sparse": sparse, "lowest_ratio": _lowest({**ratios, **sparse})}
+
+
+def _ratio(steps: tuple) -> float:
+    """Scout's tokens/s over full attention's, of a (scout, full) pair of steps."""
+    scout, full = steps
+    return round(scout.tokens_per_s / full.tokens_per_s, 4)
+
+
+def _lowest(ratios: dict) -> dict | None:
+    """The batch whose ratio is the least, and that ratio (None without any)."""
+    if not ratios:
+        return None
+    size = min(ratios, key=ratios.get)
+    return {"batch": size, "ratio": ratios[size]}
 
 
 def exact_and_full_steps(request: PlanRequest, config: ScoutConfig, figures: dict, batch: int, *,
-                         overlap: bool | None = None) -> tuple:
-    """(scout's step on the exact path, full attention's step) of `batch` requests at the planned length; overlap:
-    whether the host runs a step ahead (SGLang's overlap scheduler; None: as the figures say)."""
+                         overlap: bool | None = None, exact: bool = True) -> tuple:
+    """(scout's step on the exact path, or its sparse step where not `exact`; full attention's step) of `batch`
+    requests at the planned length; overlap: whether the host runs a step ahead (SGLang's overlap scheduler; None:
+    as the figures say)."""
     work = Workload(batch_size=batch, context=request.context + request.output_len // 2, itemsize=request.itemsize,
                     change_rate=figures["change_rate"].value, output_len=request.output_len)
     box = hardware(figures)
     if overlap is not None:
         box = dataclasses.replace(box, overlap_schedule=overlap)
-    return tuple(step_time(mode, config, request.model, box, work, exact=mode == "scout",
+    return tuple(step_time(mode, config, request.model, box, work, exact=exact and mode == "scout",
                            host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK))
 
 

@@ -100,7 +100,7 @@ def _low_load_lines(low: dict | None) -> list[str]:
              f"no server keeps all {full_batch} exact (scout's other device stores leave too small a pool)")
     if not exact_batch:
         return [f"up to full attention's max batch ({full_batch}): the pool keeps no request of this length exact; "
-                f"{slots}"]
+                f"{slots}"] + _sparse_lines(low)
     held = ("every batch up to it runs exact" if exact_batch == full_batch else
             f"up to {exact_batch} requests run exact together; from {exact_batch + 1} the pool's pages are shared "
             f"evenly and every request runs sparse")
@@ -110,7 +110,25 @@ def _low_load_lines(low: dict | None) -> list[str]:
             f"{full.step_ms:.2f} ms at that batch: {low['ratio']:.3f}x its tokens/s; at "
             + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios"].items())
             + f" (exact-path counts: {scout.host_counts_source}); with the plan in series (--disable-overlap-schedule):"
-            " " + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios_plan_in_series"].items())]
+            " " + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in low["ratios_plan_in_series"].items())
+            ] + _sparse_lines(low)
+
+
+def _sparse_lines(low: dict) -> list[str]:
+    """Past the exact batch up to full attention's largest: scout's sparse step against full attention's, and the
+    least ratio of every batch full attention fits."""
+    sparse, lowest = low.get("ratios_sparse") or {}, low.get("lowest_ratio")
+    lines = []
+    if sparse:
+        first, last = min(sparse), max(sparse)
+        lines.append(f"from {first} to {last} requests (sparse, each row's CPU part priced as a row of the preset's "
+                     "resident blocks: an upper bound, a larger quota holds more of each selection), scout's "
+                     "tokens/s over full attention's: " + ", ".join(f"{size}: {ratio:.3f}x"
+                                                                   for size, ratio in sparse.items()))
+    if lowest:
+        lines.append(f"least of every batch full attention fits: {lowest['ratio']:.3f}x at {lowest['batch']} "
+                     "(issue target: at least 0.95x)")
+    return lines
 
 
 def json_report(plan: dict) -> dict:

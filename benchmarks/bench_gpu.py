@@ -11,7 +11,10 @@ the time budget leaves no room for say so:
                 the largest batch that budget and the host's free memory hold (the planner's capacity code decides
                 both), graph-replayed, on the heavy-hitter workload; then a projection (labelled) for an 80 GB H100
                 and a 1 TiB host from the measured figures; then scout at its batch with the CPU split
-  resident      resident-first scout against full attention at 32k and 64k, batches 1, 8, 32, 64 where full
+  resident      first the exact path's decode kernel alone against torch's fused SDPA at 32k and 64k, batches 1
+                and 8 (model_stack/decode_kernels.py: both full attention here and the exact path run the engine's
+                kernel, a stock server a vendor's); then resident-first scout against full attention at 32k and
+                64k, batches 1, 8, 32, 64 where full
                 attention fits, on the equal-batch stack, the pool sized as a server sizes it on this device: scout's
                 tokens/s over full's (target at least 0.95), the share of requests attended exactly, the step's
                 costliest kernels; then resident-first scout at the headline's equal-memory shape (target at least

@@ -9,6 +9,9 @@ request is exact when that budget holds them (and, once its row is filled, every
 on the exact path). The row says the share of requests attended exactly, the steps on the exact path and the
 step's costliest kernels; the ratio is scout's tokens/s over full's (target: at least 0.95). Last, resident-first scout
 at the headline's equal-memory shape (the issue's other target: at least 3x full attention's tokens/s there).
+
+Both decode with the engine's kernel, so first, on its own, that kernel against a vendor's at the low-load shapes
+(decode_kernels.py): what the ratio to a stock SGLang server's full attention would add.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 
 import torch
 
+from .decode_kernels import decode_kernel_rates, decode_kernels_text
 from .parts import equal_memory, fits, planned_pool, run_config, stack_shape, stack_steps
 
 TARGET = 0.95  # scout's tokens/s over full attention's at a batch full attention fits
@@ -56,6 +60,8 @@ def part_resident(setup, args, deadline: float) -> dict:
     shape = stack_shape(setup, args.equal_batch_layers)
     checkpoint = getattr(args, "checkpoint", None) or (lambda part: None)
     out = dict(layers=shape.num_layers, target=TARGET, rows=[], scout_over_full={})
+    out["decode_kernels"] = decode_kernel_rates(setup, deadline)  # seconds: the kernels alone, one layer
+    checkpoint(out)
     rows = out["rows"]
     for context in setup.contexts:
         for batch in (setup.batches if setup.dry else BATCHES):
@@ -131,4 +137,4 @@ def resident_text(part: dict) -> list[str]:
                      f"| {overlapped.get(key, '-')} | {(scout.get('resident') or {}).get('exact_share', '-')} "
                      f"| {(scout.get('resident') or {}).get('exact_path_steps', '-')} | {scout.get('cpu_ratio', '-')} "
                      f"| {(scout.get('pool') or {}).get('pages', '-')} |")
-    return lines + [""]
+    return lines + [""] + decode_kernels_text(part.get("decode_kernels"))

@@ -1,0 +1,160 @@
+"""The decode kernel of resident-first's exact path against a vendor's, at the resident part's low-load shapes.
+
+The benchmark's full attention and scout's exact path decode with the same kernel (the engine's Triton decode over
+every page of the request), so their ratio cannot show whether that kernel is as fast as the one a stock SGLang
+server runs (FlashInfer or FlashAttention, which do not fit the lent machine). This measures it on its own: one layer
+of Qwen3-8B's attention at each (context, batch), the engine's kernel over a page table of the whole context against
+torch's scaled_dot_product_attention over the same K/V laid out contiguously (the fastest of its fused backends that
+runs), both against the device's copy bandwidth measured in the same call. Both outputs are compared, so a table
+that skipped a page would show.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = ((32768, 1), (32768, 8), (65536, 1), (65536, 8))  # (context, batch): low load, where a pool holds all
+DRY_SHAPES = ((64, 2),)
+REPEAT = 20
+COPY_BYTES = 1 << 30
+
+
+def decode_kernel_rates(setup, deadline: float) -> dict:
+    """Per shape: the engine's decode and torch's SDPA in ms and GB/s of K/V read, and their ratio; the device's
+    copy bandwidth (read + write) once."""
+    qo, kv, dim = (setup.qo, setup.kv, setup.dim)
+    out = dict(copy_gbs=round(copy_gbs(setup.device), 1), rows=[])
+    for context, batch in (DRY_SHAPES if setup.dry else SHAPES):
+        if time.perf_counter() > deadline:
+            out["rows"].append(dict(context=context, batch=batch, skipped="the call's time budget ran out"))
+            continue
+        try:
+            row = one_shape(setup.device, batch=batch, context=context, num_qo_heads=qo, num_kv_heads=kv,
+                            head_dim=dim, block_size=setup.block)
+        except Exception as error:  # noqa: BLE001 - reported in the row, the part goes on
+            row = dict(context=context, batch=batch, error=f"{type(error).__name__}: {error}"[:400])
+        if "engine_gbs" in row:
+            row["engine_of_copy"] = round(row["engine_gbs"] / out["copy_gbs"], 3)
+        out["rows"].append(row)
+    return out
+
+
+def one_shape(device, *, batch: int, context: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+              block_size: int, impl: str = "triton") -> dict:
+    """One layer's decode at (batch, context): the engine's kernel (impl: its Triton path, as the engine runs on a
+    GPU) over its page table, torch's SDPA over the same K/V contiguous; their outputs' largest difference."""
+    from scout_sglang import kernels
+
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    blocks = context // block_size
+    if blocks * block_size != context:
+        raise ValueError(f"context {context} is not a multiple of the block size {block_size}")
+    gen = torch.Generator(device=device).manual_seed(0)
+    pages = batch * blocks
+    k_cache = torch.randn(pages, num_kv_heads, block_size, head_dim, generator=gen, device=device).to(dtype)
+    v_cache = torch.randn(pages, num_kv_heads, block_size, head_dim, generator=gen, device=device).to(dtype)
+    # request r's blocks are pages r*blocks .. (r+1)*blocks - 1, in order, for every KV head
+    table = torch.arange(pages, dtype=torch.int32, device=device).view(batch, 1, blocks)
+    table = table.expand(batch, num_kv_heads, blocks).contiguous()
+    counts = torch.full((batch, num_kv_heads), blocks, dtype=torch.int32, device=device)
+    q = torch.randn(batch, num_qo_heads, head_dim, generator=gen, device=device).to(dtype)
+    scale = head_dim ** -0.5
+    out, lse = torch.empty_like(q), torch.empty(batch, num_qo_heads, device=device)
+
+    def engine() -> None:
+        kernels.sparse_decode(q, k_cache, v_cache, table, counts, scale=scale, out=out, out_lse=lse, impl=impl,
+                              validate=False)
+
+    engine_ms = time_ms(engine, device)
+    # the same K/V as [batch, Hkv, context, D]
+    def contiguous(cache):
+        return cache.view(batch, blocks, num_kv_heads, block_size, head_dim).transpose(1, 2).reshape(
+            batch, num_kv_heads, context, head_dim)
+
+    k, v = contiguous(k_cache), contiguous(v_cache)
+    del k_cache, v_cache
+    q4 = q.unsqueeze(2)
+    sdpa_ms, backend, reference = vendor_decode(q4, k, v, scale, device)
+    kv_bytes = 2 * batch * num_kv_heads * context * head_dim * q.element_size()
+    return dict(context=context, batch=batch, engine_ms=engine_ms, sdpa_ms=sdpa_ms, sdpa_backend=backend,
+                engine_gbs=kv_bytes / engine_ms / 1e6, sdpa_gbs=kv_bytes / sdpa_ms / 1e6,
+                engine_over_sdpa=sdpa_ms / engine_ms,
+                max_abs_diff=float((out.float() - reference.squeeze(2).float()).abs().max()))
+
+
+def vendor_decode(q, k, v, scale: float, device) -> tuple[float, str, torch.Tensor]:
+    """The fastest of torch's fused SDPA backends that runs this decode (any on the CPU) -> (ms, its name, output)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def call():
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    if device.type != "cuda":
+        return time_ms(call, device), "default", call()
+    best = None
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                ms, output = time_ms(call, device), call()
+        except RuntimeError:  # this backend does not take the shape or the GQA layout
+            continue
+        if best is None or ms < best[0]:
+            best = (ms, backend.name.lower(), output)
+    if best is None:
+        raise RuntimeError("none of torch's fused SDPA backends runs this decode")
+    return best
+
+
+def time_ms(fn, device) -> float:
+    """Median milliseconds of fn() over REPEAT calls after a warm-up (CUDA events on a GPU)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(REPEAT):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            started = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - started) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_gbs(device) -> float:
+    """Device-to-device copy rate, read plus write bytes per second (GB/s): the memory's practical limit."""
+    device = torch.device(device)
+    size = COPY_BYTES if device.type == "cuda" else COPY_BYTES >> 6
+    src = torch.empty(size // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device)
+    return 2 * src.numel() / ms / 1e6
+
+
+def decode_kernels_text(part: dict | None) -> list[str]:
+    """The report's lines: per shape, the two kernels' GB/s and their ratio."""
+    if not part:
+        return []
+    lines = ["### The exact path's decode kernel against a vendor's", "",
+             "One layer of Qwen3-8B's attention: the engine's decode (what the exact path and this benchmark's full "
+             "attention run) over the page table of the whole context, against torch's fastest fused SDPA over the "
+             f"same K/V laid out contiguously. Device copy rate (read + write): {part.get('copy_gbs')} GB/s.", "",
+             "| context | batch | engine ms | engine GB/s | of copy rate | SDPA ms | SDPA GB/s | SDPA backend "
+             "| engine / SDPA speed | max abs diff |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for row in part.get("rows", []):
+        if "engine_ms" not in row:
+            lines.append(f"| {row['context']} | {row['batch']} | {row.get('skipped') or row.get('error')} "
+                         "| | | | | | | |")
+            continue
+        lines.append(f"| {row['context']} | {row['batch']} | {row['engine_ms']:.3f} | {row['engine_gbs']:.0f} "
+                     f"| {row.get('engine_of_copy', '-')} | {row['sdpa_ms']:.3f} | {row['sdpa_gbs']:.0f} "
+                     f"| {row['sdpa_backend']} | {row['engine_over_sdpa']:.3f} | {row['max_abs_diff']:.2g} |")
+    return lines + [""]

@@ -76,7 +76,6 @@ def one_shape(device, *, batch: int, context: int, num_qo_heads: int, num_kv_hea
             batch, num_kv_heads, context, head_dim)
 
     k, v = contiguous(k_cache), contiguous(v_cache)
-    del k_cache, v_cache
     q4 = q.unsqueeze(2)
     sdpa_ms, backend, reference = vendor_decode(q4, k, v, scale, device)
     kv_bytes = 2 * batch * num_kv_heads * context * head_dim * q.element_size()

@@ -121,7 +121,9 @@ def _sparse_lines(low: dict) -> list[str]:
     lines = []
     if sparse:
         first, last = min(sparse), max(sparse)
-        lines.append(f"from {first} to {last} requests (sparse, each row's CPU part priced as a row of the preset's "
+        where = f"at {first} request{'s' if first > 1 else ''}" if first == last else \
+            f"from {first} to {last} requests"
+        lines.append(f"{where} (sparse, each row's CPU part priced as a row of the preset's "
                      "resident blocks: an upper bound, a larger quota holds more of each selection), scout's "
                      "tokens/s over full attention's: " + ", ".join(f"{size}: {ratio:.3f}x"
                                                                    for size, ratio in sparse.items()))

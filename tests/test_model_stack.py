@@ -226,9 +226,14 @@ def test_the_decode_kernel_comparison_reads_the_whole_context_and_agrees_with_sd
     page of the right request in order (on a GPU the same check runs at 32k and 64k); the rates are per K/V byte."""
     from model_stack.decode_kernels import one_shape
 
-    row = one_shape("cpu", batch=2, context=64, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8, impl=impl)
+    context = 256  # 32 blocks: up to 4 splits of whole tiles (64 tokens)
+    row = one_shape("cpu", batch=2, context=context, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                    impl=impl)
     assert row["max_abs_diff"] < 1e-4, row
-    kv_bytes = 2 * 2 * 2 * 64 * 16 * 4
+    if impl == "triton":  # the split sweep: every split count it ran gives the same output
+        assert row["default_splits"] in row["engine_ms_by_splits"] and len(row["engine_ms_by_splits"]) >= 2, row
+        assert row["sweep_max_abs_diff"] < 1e-4, row
+    kv_bytes = 2 * 2 * 2 * context * 16 * 4
     assert row["engine_gbs"] == pytest.approx(kv_bytes / row["engine_ms"] / 1e6)
     assert row["sdpa_gbs"] == pytest.approx(kv_bytes / row["sdpa_ms"] / 1e6)
     assert row["engine_over_sdpa"] == pytest.approx(row["sdpa_ms"] / row["engine_ms"])

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 SHAPES = ((32768, 1), (32768, 8), (65536, 1), (65536, 8))  # (context, batch): low load, where a pool holds all
 DRY_SHAPES = ((64, 2),)
 REPEAT = 20
+SPLIT_SWEEP = (1, 8, 16, 32, 64, 128)  # KV splits per list the engine's decode is also timed at
 COPY_BYTES = 1 << 30
 
 
@@ -79,10 +80,47 @@ def one_shape(device, *, batch: int, context: int, num_qo_heads: int, num_kv_hea
     q4 = q.unsqueeze(2)
     sdpa_ms, backend, reference = vendor_decode(q4, k, v, scale, device)
     kv_bytes = 2 * batch * num_kv_heads * context * head_dim * q.element_size()
-    return dict(context=context, batch=batch, engine_ms=engine_ms, sdpa_ms=sdpa_ms, sdpa_backend=backend,
-                engine_gbs=kv_bytes / engine_ms / 1e6, sdpa_gbs=kv_bytes / sdpa_ms / 1e6,
-                engine_over_sdpa=sdpa_ms / engine_ms,
-                max_abs_diff=float((out.float() - reference.squeeze(2).float()).abs().max()))
+    row = dict(context=context, batch=batch, engine_ms=engine_ms, sdpa_ms=sdpa_ms, sdpa_backend=backend,
+               engine_gbs=kv_bytes / engine_ms / 1e6, sdpa_gbs=kv_bytes / sdpa_ms / 1e6,
+               engine_over_sdpa=sdpa_ms / engine_ms,
+               max_abs_diff=float((out.float() - reference.squeeze(2).float()).abs().max()))
+    if impl == "triton":
+        row["engine_ms_by_splits"], sweep_out = split_sweep(q, k_cache, v_cache, table, counts, scale, device)
+        row["sweep_max_abs_diff"] = max(float((o.float() - reference.squeeze(2).float()).abs().max())
+                                        for o in sweep_out)
+        row["default_splits"] = default_splits(blocks, batch, num_kv_heads, head_dim, block_size)
+    return row
+
+
+def split_sweep(q, k_cache, v_cache, table, counts, scale: float, device) -> tuple[dict, list]:
+    """The Triton decode's time at each KV split count of SPLIT_SWEEP (the splits it used -> ms) and its output at
+    each: the split
+    heuristic (kernels/triton/decode.py default_num_splits) is not yet tuned on a GPU, and the exact path at low
+    load (a few long lists) is where it decides the most."""
+    from scout_sglang.kernels.triton.decode import sparse_decode_triton, split_plan
+
+    batch, num_qo_heads, head_dim = q.shape
+    _, num_kv_heads, block_size, _ = k_cache.shape
+    capacity = table.shape[2]
+    out, lse = torch.empty_like(q), torch.empty(batch, num_qo_heads, device=device)
+    workspace = (torch.empty(batch, num_qo_heads, max(SPLIT_SWEEP), head_dim, device=device),
+                 torch.empty(batch, num_qo_heads, max(SPLIT_SWEEP), device=device))
+    times, outputs = {}, []
+    for asked in SPLIT_SWEEP:
+        used, _ = split_plan(capacity, batch, num_kv_heads, head_dim, block_size, asked)
+        if used in times:
+            continue
+        times[used] = time_ms(lambda: sparse_decode_triton(q, k_cache, v_cache, table, counts, None, out, lse,
+                                                           scale=scale, num_splits=asked, workspace=workspace), device)
+        outputs.append(out.clone())
+    return times, outputs
+
+
+def default_splits(capacity: int, batch: int, num_kv_heads: int, head_dim: int, block_size: int) -> int:
+    """The splits the engine's decode uses at this shape."""
+    from scout_sglang.kernels.triton.decode import split_plan
+
+    return split_plan(capacity, batch, num_kv_heads, head_dim, block_size)[0]
 
 
 def vendor_decode(q, k, v, scale: float, device) -> tuple[float, str, torch.Tensor]:
@@ -147,13 +185,21 @@ def decode_kernels_text(part: dict | None) -> list[str]:
              "attention run) over the page table of the whole context, against torch's fastest fused SDPA over the "
              f"same K/V laid out contiguously. Device copy rate (read + write): {part.get('copy_gbs')} GB/s.", "",
              "| context | batch | engine ms | engine GB/s | of copy rate | SDPA ms | SDPA GB/s | SDPA backend "
-             "| engine / SDPA speed | max abs diff |", "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| engine / SDPA speed | max abs diff | engine ms by KV splits (default) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in part.get("rows", []):
         if "engine_ms" not in row:
             lines.append(f"| {row['context']} | {row['batch']} | {row.get('skipped') or row.get('error')} "
-                         "| | | | | | | |")
+                         "| | | | | | | | |")
             continue
         lines.append(f"| {row['context']} | {row['batch']} | {row['engine_ms']:.3f} | {row['engine_gbs']:.0f} "
                      f"| {row.get('engine_of_copy', '-')} | {row['sdpa_ms']:.3f} | {row['sdpa_gbs']:.0f} "
-                     f"| {row['sdpa_backend']} | {row['engine_over_sdpa']:.3f} | {row['max_abs_diff']:.2g} |")
+                     f"| {row['sdpa_backend']} | {row['engine_over_sdpa']:.3f} | {row['max_abs_diff']:.2g} "
+                     f"| {sweep_text(row)} |")
     return lines + [""]
+
+
+def sweep_text(row: dict) -> str:
+    sweep = row.get("engine_ms_by_splits") or {}
+    return ", ".join(f"{splits}: {ms:.3f}" for splits, ms in sweep.items()) + \
+        (f" ({row['default_splits']})" if "default_splits" in row else "")

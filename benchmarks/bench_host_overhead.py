@@ -8,8 +8,8 @@ running the kernels (the counts do not depend on the data; tests run them). And
 the torch path, which a CPU device runs, counted and timed as below.
 
 On a GPU every dispatched op is a kernel launch (microseconds of host time) and
-every scalar read (`aten::_local_scalar_dense`: `.item()`, `int(t)`, `.tolist()`)
-is a stream sync. The shapes are tiny (head_dim 16) so that tensor math is
+every scalar read (`aten::_local_scalar_dense`: `.item()`, `int(t)`; and
+`.tolist()`, counted apart as it dispatches no op) is a stream sync. The shapes are tiny (head_dim 16) so that tensor math is
 negligible and what is timed is the host work. Counted on the host thread with a
 TorchDispatchMode, Python lines with a trace function (CPU worker threads are
 not counted: they are the CPU part); the time outside the ops with a timing
@@ -135,7 +135,7 @@ def gpu_path_counts(mode, batch, num_kv_heads, variant) -> dict:
                  engine._selects]
     return dict(gpu_launches_per_offloaded_layer=max(offloaded, default=None),
                 gpu_launches_per_dense_layer=max(dense, default=None),
-                gpu_scalar_reads_per_layer=max((c.scalar_reads for c in counters.values()), default=None),
+                gpu_scalar_reads_per_layer=max((c.reads for c in counters.values()), default=None),
                 gpu_python_lines_per_layer=round(lines.lines / NUM_LAYERS, 1),
                 gpu_kernels={name: n for c in counters.values() for name, n in c.triton.items()})
 
@@ -158,7 +158,7 @@ def measure(mode, batch, num_kv_heads, variant, repeats, clock_overhead_s) -> di
     return dict(mode=mode, batch=batch, num_kv_heads=num_kv_heads, variant=variant,
                 ops_per_layer=round(sum(counter.ops.values()) / NUM_LAYERS, 1),
                 launches_per_layer=round(counter.launches() / NUM_LAYERS, 1),
-                scalar_reads_per_layer=round(counter.scalar_reads / NUM_LAYERS, 1),
+                scalar_reads_per_layer=round(counter.reads / NUM_LAYERS, 1),
                 python_lines_per_layer=round(lines.lines / NUM_LAYERS, 1), cpu_fallbacks_in_counted_steps=fallbacks,
                 host_ms_per_layer=round(1e3 * min(times) / NUM_LAYERS, 3),
                 outside_ops_ms_per_layer=round(1e3 * min(outside) / NUM_LAYERS, 3),
@@ -251,7 +251,7 @@ def write_report(result) -> None:
              f"(head_dim {HEAD_DIM}, {NUM_QO_HEADS} query heads, {NUM_LAYERS} layers, layer 0 dense, contexts of "
              f"~{CONTEXT} tokens, budget {BUDGET}, block {BLOCK}): little math per op. Ops = aten ops "
              "dispatched on the host thread in the layer loop (each a kernel launch on a GPU); scalar reads = "
-             "`aten::_local_scalar_dense` (each a device-to-host sync on a GPU); Python lines = lines of Python the "
+             "`aten::_local_scalar_dense` and `Tensor.tolist()` calls (each a device-to-host sync on a GPU); Python lines = lines of Python the "
              "host thread executed in the layer loop. Host ms: wall time of the layer loop, best of the timed steps. "
              "Outside ops: of that wall time, what was spent neither in aten ops nor waiting for the CPU part "
              "(`scout_sglang/core/host_work.py`), less the timing's own cost per op "

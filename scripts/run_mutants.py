@@ -110,8 +110,10 @@ TESTS_FOR = {
     # the step plan's fields: the two ways of computing them against each other, then the engine's tests
     "scout_sglang/core/step_plan.py": ("tests/test_step_plan_rows.py", *FAST_TESTS),
     "scout_sglang/core/step_plan_rows.py": ("tests/test_step_plan_rows.py", *FAST_TESTS),
-    # the layer stages: with, first, the oracle's run through resident-first's exact path and its switch
+    # the layer stages: with, first, the layer loop's counts (no value read back; seconds) and the oracle's run
+    # through resident-first's exact path and its switch
     "scout_sglang/core/layer_stages.py": (
+        "tests/test_layer_programs.py::test_the_torch_path_is_flat_in_batch_and_heads_and_reads_nothing_back",
         "tests/test_engine_oracle.py::test_resident_first_quotas_exact_rows_and_their_switch_match_the_oracle",
         *FAST_TESTS),
     # planning's host copies of a batch in SGLang: their own tests, then the decode graphs' replays that use them

@@ -1,16 +1,20 @@
 """OpCounter: the aten ops a block of code dispatches on this thread, for host-overhead checks.
 
 On a GPU every dispatched op that is not a view is a kernel launch (microseconds
-of host time), and every `aten::_local_scalar_dense` (`.item()`, `int(t)`,
-`.tolist()`) is a device-to-host sync. Worker threads are not counted (a
-dispatch mode is per thread). Used by benchmarks/bench_host_overhead.py and the
-tests of the decode step's per-layer programs.
+of host time), and every `aten::_local_scalar_dense` (`.item()`, `int(t)`) is a
+device-to-host sync. `Tensor.tolist()` reads every element without dispatching
+an op, so it is counted apart (`list_reads`): on a device tensor it is a sync
+too. Worker threads are not counted (a dispatch mode is per thread). Used by
+benchmarks/bench_host_overhead.py and the tests of the decode step's per-layer
+programs.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SCALAR_READ = "aten._local_scalar_dense.default"
@@ -25,6 +29,25 @@ class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = Counter()
+        self.list_reads = 0  # Tensor.tolist() calls on this thread (they dispatch no op)
+        self._thread = None
+        self._tolist = None
+
+    def __enter__(self):
+        self._thread, self._tolist = threading.get_ident(), torch.Tensor.tolist
+        original = self._tolist
+
+        def tolist(tensor, *args, **kwargs):
+            if threading.get_ident() == self._thread and not getattr(self, "_inside", 0):
+                self.list_reads += 1
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[str(func)] += 1
@@ -37,6 +60,12 @@ class OpCounter(TorchDispatchMode):
     @property
     def scalar_reads(self) -> int:
         return self.ops[SCALAR_READ]
+
+    @property
+    def reads(self) -> int:
+        """Every read of tensor values into Python on this thread: scalar reads and tolist() calls (on a GPU, each
+        of a device tensor waits for the device)."""
+        return self.scalar_reads + self.list_reads
 
 
 def is_view(name: str) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import requires_cuda
+from support import TRITON_DEVICE, requires_cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -227,9 +227,9 @@ def test_the_decode_kernel_comparison_reads_the_whole_context_and_agrees_with_sd
     from model_stack.decode_kernels import one_shape
 
     context = 256  # 32 blocks: up to 4 splits of whole tiles (64 tokens)
-    row = one_shape("cpu", batch=2, context=context, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
-                    impl=impl)
-    assert row["max_abs_diff"] < 1e-4, row
+    row = one_shape(TRITON_DEVICE, batch=2, context=context, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+                    block_size=8, impl=impl, dtype=torch.float32)
+    assert row["max_abs_diff"] < 1e-4 and row["sdpa_max_abs_diff"] < 1e-4 and row["agrees"], row
     if impl == "triton":  # the split sweep: every split count it ran gives the same output
         assert row["default_splits"] in row["engine_ms_by_splits"] and len(row["engine_ms_by_splits"]) >= 2, row
         assert row["sweep_max_abs_diff"] < 1e-4, row
@@ -238,4 +238,4 @@ def test_the_decode_kernel_comparison_reads_the_whole_context_and_agrees_with_sd
     assert row["sdpa_gbs"] == pytest.approx(kv_bytes / row["sdpa_ms"] / 1e6)
     assert row["engine_over_sdpa"] == pytest.approx(row["sdpa_ms"] / row["engine_ms"])
     with pytest.raises(ValueError, match="multiple of the block size"):
-        one_shape("cpu", batch=1, context=60, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8, impl=impl)
+        one_shape(TRITON_DEVICE, batch=1, context=60, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8, impl=impl)

@@ -35,3 +35,33 @@ def test_nested_counters_each_count_and_restore_in_turn():
         values.tolist()
     assert (outer.list_reads, inner.list_reads) == (3, 1)
     assert torch.Tensor.tolist is original
+
+
+def test_counters_on_two_threads_exiting_out_of_order_put_tolist_back():
+    """A counter on a worker thread that outlives the main thread's: the original comes back once both are out,
+    and each counted only its own thread's call."""
+    original = torch.Tensor.tolist
+    entered, release, done = threading.Event(), threading.Event(), threading.Event()
+    counted = {}
+
+    def worker():
+        with OpCounter() as mine:
+            entered.set()
+            release.wait(10)
+            torch.arange(2).tolist()
+        counted["worker"] = mine.list_reads
+        done.set()
+
+    thread = threading.Thread(target=worker)
+    main = OpCounter()
+    main.__enter__()
+    thread.start()
+    assert entered.wait(10)
+    torch.arange(2).tolist()
+    main.__exit__(None, None, None)  # first out, while the worker's is still active
+    assert torch.Tensor.tolist is not original  # the worker's counter still needs the wrapper
+    release.set()
+    assert done.wait(10)
+    thread.join()
+    assert (main.list_reads, counted["worker"]) == (1, 1)
+    assert torch.Tensor.tolist is original

@@ -94,8 +94,9 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     """Up to full attention's largest batch: how many the pool of a server at scout's largest batch keeps exact, the
     most request slots that keep all of them exact (its pool checked at those slots and one more; at 16k none
     does), and the exact path's step against full attention's at the batch held exact and every batch below it."""
-    from scout_sglang.plan.planner import PlanRequest, plan, pool_at
     from scout_sglang.plan.models import load_model
+    from scout_sglang.plan.planner import PlanRequest, hardware, plan, pool_at, quota
+    from scout_sglang.plan.step_model import Workload, step_time
 
     args = [*ARGS[:4], "--context", str(context), *ARGS[6:]]
     assert main([*args, "--json"]) == 0
@@ -105,7 +106,10 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     assert low["exact_batch"] == min(low["full_batch"], scout["resident_pool"]["exact_requests"]) >= 1
     assert low["scout_exact"]["batch_size"] == low["full"]["batch_size"] == low["exact_batch"]
     assert low["scout_exact"]["cpu_ratio"] == 0 and low["scout_exact"]["pcie_bytes"] == 0
-    assert low["ratio"] == pytest.approx(low["scout_exact"]["tokens_per_s"] / low["full"]["tokens_per_s"])
+    request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=context, output_len=1024,
+                          overrides={"host_memory": 512})
+    planned = plan(request)
+    assert low["ratio"] == pytest.approx(low["scout_exact"]["tokens_per_s"] / low["full"]["tokens_per_s"], abs=1e-4)
     # the same bytes, and the engine's plan beside the previous step (SGLang's overlap scheduler)
     assert low["ratio"] == pytest.approx(1.0) and "overlap" in low["scout_exact"]["host_counts_source"]
     # every batch up to it, by doubling; the plan weighs most at one request
@@ -116,21 +120,25 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     # a server started with --disable-overlap-schedule: the plan in series, weighing most at one request
     serial = {int(size): ratio for size, ratio in low["ratios_plan_in_series"].items()}
     assert serial.keys() == ratios.keys() and min(serial.values()) == serial[1] < ratios[1]
-    # past the exact batch, up to full attention's largest: the sparse step, by doubling
+    # past the exact batch, up to full attention's largest: the sparse step, by doubling, each request's resident
+    # row its even share of the pool (attended whole)
     sparse = {int(size): ratio for size, ratio in low["ratios_sparse"].items()}
     if low["exact_batch"] < low["full_batch"]:
         first, last = low["exact_batch"] + 1, low["full_batch"]
         assert list(sparse) == sorted({first, last, *(2**i for i in range(8) if first < 2**i < last)})
-        # the selecting path reads the budget's blocks, not the context: faster than full attention, and more so
-        # than the exact path, which reads what full attention reads
-        assert min(sparse.values()) > 1.0 >= max(ratios.values()) - 1e-4
+        pool = scout["resident_pool"]
+        for size, ratio in sparse.items():
+            row = min(pool["request_pages"], max(planned["config"].resident_capacity, pool["pages"] // size))
+            assert quota(planned["config"], pool, size) == row
+            work = Workload(batch_size=size, context=context + 512, itemsize=2, change_rate=0.15, output_len=1024,
+                            resident_row_blocks=row)
+            steps = [step_time(mode, planned["config"], request.model, hardware(planned["figures"]), work,
+                               exact=False, host_overhead_path=request.host_overhead_path) for mode in ("scout", "full")]
+            assert ratio == pytest.approx(steps[0].tokens_per_s / steps[1].tokens_per_s, abs=1e-4)
     else:
         assert sparse == {}
     every = {**ratios, **sparse}
     assert low["lowest_ratio"] == {"batch": min(every, key=every.get), "ratio": min(every.values())}
-    request = PlanRequest(model=load_model("Qwen3-14B"), gpu="H100", context=context, output_len=1024,
-                          overrides={"host_memory": 512})
-    planned = plan(request)
 
     def keeps(slots: int) -> bool:
         pool = pool_at(request, planned["config"], planned["budgets"], slots)
@@ -144,4 +152,4 @@ def test_resident_first_at_full_attentions_batch_is_priced_on_the_exact_path(cap
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"up to full attention's max batch ({low['full_batch']} requests): " in out
-    assert f"least of every batch full attention fits: {low['lowest_ratio']['ratio']:.3f}x" in out
+    assert f"least of every batch full attention fits, plan overlapped: {low['lowest_ratio']['ratio']:.3f}x" in out

@@ -40,6 +40,28 @@ DIGESTS = 25 * (2 * 4 * 2 + 8)  # 25 blocks: min and max of K, bf16, and an fp32
 CPU_OUTPUT = 4 * 4 + 4  # o and lse of the CPU part, fp32, for the one query head
 
 
+def test_a_resident_first_row_is_attended_whole_and_shrinks_the_cpu_part_to_nothing_when_it_holds_every_block():
+    """Resident-first's sparse rows: a quota of `row` of the 23 blocks outside the window (25 full, 2 forced). The
+    device part reads the window and the whole row; the CPU part and the recall scale by the share of the blocks
+    the row leaves off the device, (23 - row) / (23 - 4): all of them at the floor (4, the fixed buffer's), none
+    when the row holds every block."""
+    def step(row):
+        work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.1, resident_row_blocks=row)
+        return step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
+
+    fixed = step_time("scout", CONFIG, SPEC, HW, Workload(batch_size=1, context=100, itemsize=2, change_rate=0.1),
+                      host_overhead_path="/nonexistent")
+    floor, half, whole = step(4), step(13), step(23)
+    assert floor.as_dict() == fixed.as_dict()
+    assert half.cpu_bytes == pytest.approx(floor.cpu_bytes * 10 / 19)
+    assert half.pcie_bytes == pytest.approx(0.1 * 2 * 4 * TOKEN * 10 / 19 + CPU_OUTPUT)
+    assert whole.cpu_bytes == whole.pcie_bytes == whole.cpu_ratio == 0.0
+    layer_weights = 336 * 2
+    assert whole.hbm_bytes - floor.hbm_bytes == pytest.approx((23 - 4) * 4 * TOKEN - 2 * CPU_OUTPUT)
+    assert whole.hbm_bytes == pytest.approx(DENSE_LAYER + layer_weights + (2 + 23) * 4 * TOKEN + DIGESTS + HEAD)
+    assert step(40).as_dict() == whole.as_dict()  # a row is at most the request's blocks
+
+
 @pytest.mark.parametrize("cpu_gbs", [1.0, 0.1])
 def test_an_hgca_step_by_hand(cpu_gbs):
     """Layer 1 offloaded: 25 full blocks, 4 selected, 2 forced; the 2 others on the CPU beside the device part,
@@ -58,12 +80,13 @@ def test_an_hgca_step_by_hand(cpu_gbs):
 
 def test_a_scout_step_by_hand():
     """Adaptive recall, beta 0.12, change rate 0.1: the CPU share climbs 0.1, 0.2, then a recall: 0.15 of the 4
-    selected blocks on the CPU; 0.1 of the 2 free blocks recalled over PCIe each step; launched a layer ahead."""
+    selected blocks on the CPU; 0.1 of the 2 free blocks recalled over PCIe each step; launched a layer ahead.
+    The device part attends the window (2 blocks) and the whole resident row (4 blocks, selected or not)."""
     work = Workload(batch_size=1, context=100, itemsize=2, change_rate=0.1)
     step = step_time("scout", CONFIG, SPEC, HW, work, host_overhead_path="/nonexistent")
     cpu = 0.15 * 4 * 4 * TOKEN
     pcie = 0.1 * 2 * 4 * TOKEN + CPU_OUTPUT
-    device = 336 * 2 + (4 - 0.6) * 4 * TOKEN + 2 * CPU_OUTPUT + DIGESTS
+    device = 336 * 2 + (2 + 4) * 4 * TOKEN + 2 * CPU_OUTPUT + DIGESTS
     assert step.cpu_bytes == pytest.approx(cpu) and step.pcie_bytes == pytest.approx(pcie)
     assert step.step_ms == pytest.approx((DENSE_LAYER + max(device, cpu, pcie) + HEAD) / 1e9 * 1e3)
     assert step.cpu_ratio == pytest.approx(0.15)

@@ -2,9 +2,10 @@
 
 On a GPU every dispatched op that is not a view is a kernel launch (microseconds
 of host time), and every `aten::_local_scalar_dense` (`.item()`, `int(t)`) is a
-device-to-host sync. `Tensor.tolist()` reads every element without dispatching
-an op, so it is counted apart (`list_reads`): on a device tensor it is a sync
-too. Worker threads are not counted (a dispatch mode is per thread). Used by
+device-to-host sync. `Tensor.tolist()` of a host tensor reads its elements
+without dispatching any op, so on the CPU device it would go unseen: it is
+counted apart (`list_reads`); on a GPU its device-to-host copy is a sync. Worker
+threads are not counted (a dispatch mode is per thread). Used by
 benchmarks/bench_host_overhead.py and the tests of the decode step's per-layer
 programs.
 """
@@ -29,24 +30,23 @@ class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops = Counter()
-        self.list_reads = 0  # Tensor.tolist() calls on this thread (they dispatch no op)
-        self._thread = None
-        self._tolist = None
+        self.list_reads = 0  # Tensor.tolist() calls on this thread while active
+        self._active_on = None  # the entering thread's list of active counters
 
     def __enter__(self):
-        self._thread, self._tolist = threading.get_ident(), torch.Tensor.tolist
-        original = self._tolist
-
-        def tolist(tensor, *args, **kwargs):
-            if threading.get_ident() == self._thread and not getattr(self, "_inside", 0):
-                self.list_reads += 1
-            return original(tensor, *args, **kwargs)
-
-        torch.Tensor.tolist = tolist
-        return super().__enter__()
+        entered = super().__enter__()
+        _counting_tolist.install()
+        self._active_on = _active_counters()
+        self._active_on.append(self)
+        return entered
 
     def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
+        active, self._active_on = self._active_on, None
+        if active is not None:  # entered: leave the entering thread's list (even if exited on another thread)
+            where = [i for i, counter in enumerate(active) if counter is self]
+            if where:
+                del active[where[-1]]
+            _counting_tolist.uninstall()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -66,6 +66,50 @@ class OpCounter(TorchDispatchMode):
         """Every read of tensor values into Python on this thread: scalar reads and tolist() calls (on a GPU, each
         of a device tensor waits for the device)."""
         return self.scalar_reads + self.list_reads
+
+
+class _CountingTolist:
+    """One wrapper of Tensor.tolist for every active counter: installed while any is active (counted under a
+    lock, so counters on several threads, entered and exited in any order, put the original back exactly once),
+    it adds one to each counter active on the calling thread (but a LaunchCounter inside a Triton launch)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._original = None
+
+    def install(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._original = torch.Tensor.tolist
+                original, active = self._original, _active_counters
+
+                def tolist(tensor, *args, **kwargs):
+                    for counter in active():
+                        if not getattr(counter, "_inside", 0):
+                            counter.list_reads += 1
+                    return original(tensor, *args, **kwargs)
+
+                torch.Tensor.tolist = tolist
+            self._users += 1
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                torch.Tensor.tolist = self._original
+                self._original = None
+
+
+_counting_tolist = _CountingTolist()
+_thread_counters = threading.local()
+
+
+def _active_counters() -> list:
+    """The counters active on the calling thread, innermost last."""
+    if not hasattr(_thread_counters, "active"):
+        _thread_counters.active = []
+    return _thread_counters.active
 
 
 def is_view(name: str) -> bool:

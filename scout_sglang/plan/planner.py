@@ -217,9 +217,9 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     runs; past that many the pool's pages are shared evenly and every request runs sparse), the most request slots
     a server may have and keep full attention's largest batch exact (exact_slots), and the step of the most that
     run exact, on the exact path, against full attention's at the same batch and context. Past the exact batch, up
-    to full attention's largest, scout's sparse step against full attention's (ratios_sparse: priced as a row of
-    the preset's resident blocks, so its CPU part is an upper bound: a quota above the floor holds more of each
-    selection); lowest_ratio: the least of every ratio, the issue's target at every batch full attention fits.
+    to full attention's largest, scout's sparse step against full attention's (ratios_sparse: each request with
+    its even share of the pool as its resident row, quota()); lowest_ratio: the least of every ratio with the plan overlapped,
+    the issue's target at every batch full attention fits.
     None without both modes or a pool."""
     scout, stock = results.get("scout"), results.get(STOCK)
     if not scout or not stock or not scout["resident_pool"] or stock["capacity"].max_batch < 1:
@@ -230,7 +230,8 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     # past the exact batch: sparse, by doubling from the first sparse batch to full attention's largest
     sparse_sizes = sorted({batch + 1, full_batch, *(2**i for i in range(full_batch.bit_length())
                                                     if batch < 2**i < full_batch)}) if batch < full_batch else []
-    sparse = {size: _ratio(exact_and_full_steps(request, config, figures, size, exact=False))
+    sparse = {size: _ratio(exact_and_full_steps(request, config, figures, size, exact=False,
+                                                resident_row_blocks=quota(config, scout["resident_pool"], size)))
               for size in sparse_sizes}
     if batch < 1:
         return {"full_batch": full_batch, "exact_batch": 0, "exact_slots": slots, "ratios_sparse": sparse,
@@ -244,6 +245,12 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
     return {"full_batch": full_batch, "exact_batch": batch, "exact_slots": slots, "scout_exact": scout,
             "full": full, "ratio": ratios[batch], "ratios": ratios, "ratios_plan_in_series": serial,
             "ratios_sparse": sparse, "lowest_ratio": _lowest({**ratios, **sparse})}
+
+
+def quota(config: ScoutConfig, pool: dict, batch: int) -> int:
+    """A request's resident row when `batch` requests of the planned length share the pool evenly: the pool's
+    pages over them, at least resident_blocks, at most its blocks outside the window."""
+    return min(pool["request_pages"], max(config.resident_capacity, pool["pages"] // max(1, batch)))
 
 
 def _ratio(steps: tuple) -> float:
@@ -261,17 +268,20 @@ def _lowest(ratios: dict) -> dict | None:
 
 
 def exact_and_full_steps(request: PlanRequest, config: ScoutConfig, figures: dict, batch: int, *,
-                         overlap: bool | None = None, exact: bool = True) -> tuple:
-    """(scout's step on the exact path, or its sparse step where not `exact`; full attention's step) of `batch`
-    requests at the planned length; overlap: whether the host runs a step ahead (SGLang's overlap scheduler; None:
-    as the figures say)."""
+                         overlap: bool | None = None, exact: bool = True,
+                         resident_row_blocks: int | None = None) -> tuple:
+    """(scout's step on the exact path, or its sparse step where not `exact`, with the planned CPU split and a
+    resident row of `resident_row_blocks` (Workload); full attention's step) of `batch` requests at the planned
+    length; overlap: whether the host runs a step ahead (SGLang's overlap scheduler; None: as the figures say)."""
     work = Workload(batch_size=batch, context=request.context + request.output_len // 2, itemsize=request.itemsize,
-                    change_rate=figures["change_rate"].value, output_len=request.output_len)
+                    change_rate=figures["change_rate"].value, output_len=request.output_len,
+                    resident_row_blocks=resident_row_blocks)
     box = hardware(figures)
     if overlap is not None:
         box = dataclasses.replace(box, overlap_schedule=overlap)
     return tuple(step_time(mode, config, request.model, box, work, exact=exact and mode == "scout",
-                           host_overhead_path=request.host_overhead_path) for mode in ("scout", STOCK))
+                           host_overhead_path=request.host_overhead_path,
+                           cpu_split="off" if exact else request.cpu_split) for mode in ("scout", STOCK))
 
 
 def exact_slots(request: PlanRequest, config: ScoutConfig, budgets: dict, target: int, most: int) -> int:

@@ -123,13 +123,12 @@ def _sparse_lines(low: dict) -> list[str]:
         first, last = min(sparse), max(sparse)
         where = f"at {first} request{'s' if first > 1 else ''}" if first == last else \
             f"from {first} to {last} requests"
-        lines.append(f"{where} (sparse, each row's CPU part priced as a row of the preset's "
-                     "resident blocks: an upper bound, a larger quota holds more of each selection), scout's "
-                     "tokens/s over full attention's: " + ", ".join(f"{size}: {ratio:.3f}x"
-                                                                   for size, ratio in sparse.items()))
+        lines.append(f"{where} (sparse, each request with its even share of the pool as its resident row, "
+                     "which the device part attends whole, selected or not), scout's tokens/s over full "
+                     "attention's: " + ", ".join(f"{size}: {ratio:.3f}x" for size, ratio in sparse.items()))
     if lowest:
-        lines.append(f"least of every batch full attention fits: {lowest['ratio']:.3f}x at {lowest['batch']} "
-                     "(issue target: at least 0.95x)")
+        lines.append(f"least of every batch full attention fits, plan overlapped: {lowest['ratio']:.3f}x at "
+                     f"{lowest['batch']} (issue target: at least 0.95x)")
     return lines
 
 

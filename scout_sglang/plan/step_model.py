@@ -12,7 +12,10 @@ batch of B requests at context C (tokens), block size S, per layer:
             quest      the K selected blocks (every token stays on the device)
             infinigen  the K selected blocks, brought into the resident buffer
             hgca       the window only (sink, local, partial tail)
-            scout      the K selected blocks less the CPU part
+            scout      the window and the whole resident row (resident_blocks, or a
+                       resident-first quota: `resident_row_blocks`), selected or not; a
+                       row above resident_blocks scales the CPU part and the recall by the
+                       share of the blocks it leaves off the device
           digests and scores (all but full): ceil(C / S) blocks x (2 D bf16 + 8)
   CPU     t_cpu = B x Hkv x CPU blocks x S x 2 D bytes / CPU attention GB/s
           CPU blocks: hgca, every selected block outside the window; scout,
@@ -172,6 +175,14 @@ class Workload:
         Share of a (request, layer, KV head)'s selected blocks that were not selected at its previous step.
     output_len : int
         Decode steps per request (the "off" recall policy's CPU share grows over them).
+    resident_row_blocks : int or None
+        Scout: the blocks a request's resident row holds outside its window (None: the fixed buffer,
+        resident_blocks; resident-first: the request's quota). The device part attends every one of them,
+        selected or not, beside the window. A row larger than resident_blocks leaves a smaller share of the
+        unselected blocks off the device, (N - row) / (N - resident_blocks) of a request's N blocks outside its
+        window, and the CPU part and the recall scale by it: a newly selected block is taken to be in the row
+        as if the row held the unselected blocks at random (it keeps the best-scoring ones, so the model errs
+        high).
     """
 
     batch_size: int
@@ -179,6 +190,7 @@ class Workload:
     itemsize: int = 2
     change_rate: float = 0.15
     output_len: int = 1024
+    resident_row_blocks: int | None = None
 
 
 @dataclass
@@ -288,16 +300,25 @@ def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workloa
     free = selected - forced
     digests = ceil_div(context, block) * (2 * spec.head_dim * work.itemsize + SCORE_BYTES)
     cpu_blocks, recalled = 0.0, 0.0
+    device_blocks = None
     if mode == "hgca":
         cpu_blocks = free
     elif mode == "scout":
         free_share = free / selected if selected else 0.0
-        cpu_blocks = selected * expected_cpu_ratio(config, change_rate=work.change_rate, free_share=free_share,
-                                                   output_len=work.output_len)
-        recalled = 0.0 if config.recall_policy == "off" else work.change_rate * free
+        outside = full_blocks - forced
+        floor = config.resident_capacity
+        row = min(outside, floor if work.resident_row_blocks is None else work.resident_row_blocks)
+        unresident = 1.0 if outside <= floor else min(1.0, max(0.0, (outside - row) / (outside - floor)))
+        cpu_blocks = selected * unresident * expected_cpu_ratio(
+            config, change_rate=work.change_rate, free_share=free_share, output_len=work.output_len)
+        recalled = 0.0 if config.recall_policy == "off" else unresident * work.change_rate * free
+        if outside <= floor:  # every block fits the row: nothing is off the device
+            cpu_blocks, recalled = 0.0, 0.0
+        device_blocks = forced + row  # the window and the whole row, selected or not
     elif mode == "infinigen":
         recalled = work.change_rate * free
-    device_blocks = selected - cpu_blocks
+    if device_blocks is None:
+        device_blocks = selected - cpu_blocks
     group = spec.num_qo_heads // spec.num_kv_heads
     output = group * (spec.head_dim * 4 + LSE_BYTES) if cpu_blocks else 0.0  # the CPU part's o and lse, fp32
     return dict(device_kv=(device_blocks * block + tail) * token + 2 * output, digests=digests,

@@ -18,7 +18,8 @@ the time budget leaves no room for say so:
                 attention fits, on the equal-batch stack, the pool sized as a server sizes it on this device: scout's
                 tokens/s over full's (target at least 0.95), the share of requests attended exactly, the step's
                 costliest kernels; then resident-first scout at the headline's equal-memory shape (target at least
-                3x); written after every row (model_stack/low_load.py)
+                3x); last, per context, the largest batch full attention ran at with a pool one request short
+                (every request sparse, its row most of it); written after every row (model_stack/low_load.py)
   equal_batch   full and scout at 32k and 64k, batches 8, 32, 64 where they fit, on a stack of --equal-batch-layers
                 layers of the same shape: step ms, the GPU's busy share with and without the wait kernel, the wait
                 kernel's ms, the CPU ratio and the CPU part's in-engine GB/s; the other modes at one shape; the flat

@@ -239,3 +239,27 @@ def test_the_decode_kernel_comparison_reads_the_whole_context_and_agrees_with_sd
     assert row["engine_over_sdpa"] == pytest.approx(row["sdpa_ms"] / row["engine_ms"])
     with pytest.raises(ValueError, match="multiple of the block size"):
         one_shape(TRITON_DEVICE, batch=1, context=60, num_qo_heads=4, num_kv_heads=2, head_dim=16, block_size=8, impl=impl)
+
+
+def test_the_past_exact_row_runs_every_request_sparse_with_a_row_that_holds_most_of_it():
+    """The resident part's last row per context: at the largest batch full attention was measured at, a pool one
+    request short of holding them all. Every request must be sparse (else the row measures the exact path again)
+    and each keeps its share of the pool; its ratio to full attention is keyed apart from the exact row's."""
+    import time
+    from types import SimpleNamespace
+
+    from model_stack.low_load import PAST_EXACT, past_exact_rows, ratios
+    from model_stack.parts import stack_shape
+
+    setup = SimpleNamespace(dry=True, device=torch.device("cpu"), block=8, budget=32, steps=2)
+    full = dict(mode="full", batch=2, context=64, step_ms=1.0, tokens_per_s=2000.0)
+    exact = dict(mode="scout", batch=2, context=64, step_ms=1.0, tokens_per_s=1000.0)
+    rows = past_exact_rows(setup, stack_shape(setup), 64, [full, exact], time.perf_counter() + 300)
+    assert len(rows) == 1 and "error" not in rows[0], rows
+    row = rows[0]
+    assert row["variant"] == PAST_EXACT and row["resident"]["requests"] == 2
+    assert row["resident"]["exact_share"] == 0.0 and row["resident"]["exact_path_steps"] == 0, row["resident"]
+    assert row["resident"]["used"] == row["pool"]["pages"]  # every page in use: each request at its share
+    keyed = ratios([full, exact, row])
+    assert keyed["64x2"] == 0.5 and keyed[f"64x2+{PAST_EXACT}"] == round(row["tokens_per_s"] / 2000.0, 3)
+    assert past_exact_rows(setup, stack_shape(setup), 64, [], time.perf_counter() + 300) == []

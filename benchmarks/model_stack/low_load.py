@@ -8,7 +8,10 @@ the K/V budget a stock server would have on this device (85% of its free memory,
 request is exact when that budget holds them (and, once its row is filled, every step replays the graph captured
 on the exact path). The row says the share of requests attended exactly, the steps on the exact path and the
 step's costliest kernels; the ratio is scout's tokens/s over full's (target: at least 0.95). Last, resident-first scout
-at the headline's equal-memory shape (the issue's other target: at least 3x full attention's tokens/s there).
+at the headline's equal-memory shape (the issue's other target: at least 3x full attention's tokens/s there); then,
+per context, at the largest batch full attention was measured at, a pool one request short of holding them all:
+every request sparse with a row that holds most of it, which the device part attends whole (where the planner's
+margin over full attention is thinnest).
 
 Both decode with the engine's kernel, so first, on its own, that kernel against a vendor's at the low-load shapes
 (decode_kernels.py): what the ratio to a stock SGLang server's full attention would add.
@@ -80,7 +83,42 @@ def part_resident(setup, args, deadline: float) -> dict:
     out["equal_memory"] = dict(batch=batch, limit=limit, pool=pool) | run_config(
         setup, stack_shape(setup), "scout", batch, plan["context"], resident_first=True,
         resident_pool_blocks=pool["pages"])
+    checkpoint(out)
+    for context in setup.contexts:  # last: where the planner's margin is thinnest
+        rows.extend(past_exact_rows(setup, shape, context, rows, deadline))
+        out["scout_over_full"] = ratios(rows)
+        out["scout_over_full_overlapped"] = ratios(rows, "overlapped_tokens_per_s")
+        checkpoint(out)
     return out
+
+
+PAST_EXACT = "past_exact"  # the variant of a row whose pool holds one request fewer than its batch
+
+
+def past_exact_rows(setup, shape, context: int, rows: list[dict], deadline: float) -> list[dict]:
+    """Resident-first scout at the largest batch full attention was measured at for `context`, with a pool one
+    request short of holding them all: each request's even share is just below its blocks, so every one is
+    sparse with a row that holds most of it, attended whole (the planner's least ratio past the exact batch).
+    Against that batch's full attention row."""
+    measured = [r["batch"] for r in rows if r.get("mode") == "full" and r.get("context") == context
+                and "step_ms" in r]
+    if not measured:
+        return []
+    batch = max(measured)
+    if batch < 2:
+        return []
+    if time.perf_counter() > deadline:
+        return [dict(mode="scout", variant=PAST_EXACT, batch=batch, context=context,
+                     skipped="the call's time budget ran out")]
+    from scout_sglang.config import ScoutConfig
+
+    config = ScoutConfig(mode="scout", block_size=setup.block, token_budget=setup.budget)
+    outside = (context + stack_steps(setup.steps)) // setup.block - config.sink_blocks - config.local_blocks
+    # at least every request's resident_blocks (the engine's floor; the dry run's tiny requests have few more)
+    pages = max((batch - 1) * outside, batch * config.resident_capacity)
+    pool = dict(pages=pages, limit=f"{batch - 1} requests' blocks outside the window, for {batch}")
+    row = run_config(setup, shape, "scout", batch, context, resident_first=True, resident_pool_blocks=pool["pages"])
+    return [row | dict(variant=PAST_EXACT, pool=pool)]
 
 
 def low_load_rows(setup, shape, batch: int, context: int, deadline: float) -> list[dict]:
@@ -111,7 +149,8 @@ def ratios(rows: list[dict], key: str = "tokens_per_s") -> dict:
         full = next((r for r in rows if r.get("mode") == "full" and key in r
                      and (r["batch"], r["context"]) == (row["batch"], row["context"])), None)
         if full is not None:
-            out[f"{row['context']}x{row['batch']}"] = round(row[key] / full[key], 3)
+            variant = f"+{row['variant']}" if row.get("variant") else ""
+            out[f"{row['context']}x{row['batch']}{variant}"] = round(row[key] / full[key], 3)
     return out
 
 
@@ -129,9 +168,12 @@ def resident_text(part: dict) -> list[str]:
     overlapped = part.get("scout_over_full_overlapped", {})
     rows = part.get("rows", [])
     for key, ratio in part.get("scout_over_full", {}).items():
-        context, batch = (int(x) for x in key.split("x"))
-        pick = {r["mode"]: r for r in rows if (r.get("context"), r.get("batch")) == (context, batch) and "mode" in r}
-        scout, full = pick.get("scout", {}), pick.get("full", {})
+        shape, _, variant = key.partition("+")
+        context, batch = (int(x) for x in shape.split("x"))
+        at = [r for r in rows if (r.get("context"), r.get("batch")) == (context, batch)]
+        full = next((r for r in at if r.get("mode") == "full"), {})
+        scout = next((r for r in at if r.get("mode") == "scout" and r.get("variant", "") == variant), {})
+        batch = f"{batch} (pool one request short)" if variant == PAST_EXACT else batch
         lines.append(f"| {context} | {batch} | {full.get('step_ms')} | {scout.get('step_ms')} | {ratio} "
                      f"| {full.get('overlapped_step_ms', '-')} | {scout.get('overlapped_step_ms', '-')} "
                      f"| {overlapped.get(key, '-')} | {(scout.get('resident') or {}).get('exact_share', '-')} "

@@ -15,4 +15,4 @@ def test_the_counts_are_a_fixed_part_and_a_part_per_request():
     five = _count(5, 64, shape["num_qo_heads"], shape["num_kv_heads"], shape["head_dim"])
     assert sum(five.ops.values()) == counts.ops_fixed + 5 * counts.ops_per_request
     assert five.launches() == counts.launches_fixed + 5 * counts.launches_per_request
-    assert five.scalar_reads == 5 * counts.scalar_reads_per_request
+    assert five.reads == 5 * counts.scalar_reads_per_request  # .item() and tolist() alike

@@ -90,4 +90,4 @@ def stock_decode_counts(*, num_qo_heads: int, num_kv_heads: int, head_dim: int, 
     return StockDecodeCounts(ops_fixed=float(ops_two - 2 * ops), ops_per_request=float(ops),
                              launches_fixed=float(two.launches() - 2 * launches),
                              launches_per_request=float(launches),
-                             scalar_reads_per_request=float(three.scalar_reads - two.scalar_reads))
+                             scalar_reads_per_request=float(three.reads - two.reads))

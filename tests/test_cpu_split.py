@@ -113,19 +113,23 @@ def test_an_engine_with_a_slow_worker_moves_blocks_to_the_zero_copy_share():
             engine.add_request(rid)
             for layer in range(3):
                 engine.prefill(rid, layer, *(torch.randn(200, 2, 16, generator=gen) for _ in range(2)))
-        steps = []
+        steps, caps = [], []
         for _ in range(4):
             engine.begin_step([0, 1])
             for layer in range(3):
                 q, k, v = torch.randn(2, 4, 16, generator=gen), *(torch.randn(2, 2, 16, generator=gen) for _ in range(2))
                 engine.attend(layer, q, k, v)
             steps.append(engine.end_step())
+            caps.append(min(engine.cpu_split.step_caps()))
         totals = [step.totals() for step in steps]
         assert totals[0].zero_copy_blocks == 0 and totals[0].cpu_blocks > 0  # the start-up default: all to the CPU
-        assert totals[-1].zero_copy_blocks > 0, [t.zero_copy_blocks for t in totals]
-        assert totals[-1].zero_copy_s > 0  # the device's reads are timed, and their rate replaces the start-up one
+        # once measured, the device reads blocks itself. Auto then follows the rate it measures for those reads,
+        # so on a loaded host (the CPU device's reads slowed as well) a later step may hand them back to the CPU
+        moved = [t for t in totals[1:] if t.zero_copy_blocks > 0]
+        assert moved, [t.zero_copy_blocks for t in totals]
+        assert all(t.zero_copy_s > 0 for t in moved)  # the device's reads are timed; their rate replaces start-up's
         assert "measured while serving" in engine.cpu_split.describe()["link_source"]
-        assert min(engine.cpu_split.step_caps()) < config.cpu_capacity
+        assert min(caps) < config.cpu_capacity, caps
         assert not any(step.cpu_fallbacks for step in steps)  # slow, never late: the deadline is 2 s
     finally:
         engine.close()

@@ -9,8 +9,9 @@ the torch path, which a CPU device runs, counted and timed as below.
 
 On a GPU every dispatched op is a kernel launch (microseconds of host time) and
 every scalar read (`aten::_local_scalar_dense`: `.item()`, `int(t)`; and
-`.tolist()`, counted apart as it dispatches no op) is a stream sync. The shapes are tiny (head_dim 16) so that tensor math is
-negligible and what is timed is the host work. Counted on the host thread with a
+`.tolist()`, counted apart as it dispatches no op) is a stream sync. The shapes
+are tiny (head_dim 16) so that tensor math is negligible and what is timed is
+the host work. Counted on the host thread with a
 TorchDispatchMode, Python lines with a trace function (CPU worker threads are
 not counted: they are the CPU part); the time outside the ops with a timing
 dispatch mode (scout_sglang/core/host_work.py says what it leaves in).
@@ -251,8 +252,8 @@ def write_report(result) -> None:
              f"(head_dim {HEAD_DIM}, {NUM_QO_HEADS} query heads, {NUM_LAYERS} layers, layer 0 dense, contexts of "
              f"~{CONTEXT} tokens, budget {BUDGET}, block {BLOCK}): little math per op. Ops = aten ops "
              "dispatched on the host thread in the layer loop (each a kernel launch on a GPU); scalar reads = "
-             "`aten::_local_scalar_dense` and `Tensor.tolist()` calls (each a device-to-host sync on a GPU); Python lines = lines of Python the "
-             "host thread executed in the layer loop. Host ms: wall time of the layer loop, best of the timed steps. "
+             "`aten::_local_scalar_dense` and `Tensor.tolist()` calls (each a device-to-host sync on a GPU); Python "
+             "lines = lines of Python the host thread executed in the layer loop. Host ms: wall time of the layer loop, best of the timed steps. "
              "Outside ops: of that wall time, what was spent neither in aten ops nor waiting for the CPU part "
              "(`scout_sglang/core/host_work.py`), less the timing's own cost per op "
              f"({result['clock_overhead_us_per_op']} us, measured in this run), best of the timed steps. Plan ms: "

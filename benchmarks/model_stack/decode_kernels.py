@@ -53,7 +53,7 @@ def one_shape(device, *, batch: int, context: int, num_qo_heads: int, num_kv_hea
     GPU) over its page table, torch's SDPA over the same K/V contiguous; each output's largest difference from an
     fp32 reference (dtype: bf16 on a GPU, fp32 on the CPU, unless given)."""
     from scout_sglang import kernels
-    from scout_sglang.kernels.triton.decode import workspace_size
+    from scout_sglang.kernels.triton.decode import split_plan, workspace_size
 
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -103,7 +103,7 @@ def one_shape(device, *, batch: int, context: int, num_qo_heads: int, num_kv_hea
     if impl == "triton":
         row["engine_ms_by_splits"], sweep_out = split_sweep(q, k_cache, v_cache, table, counts, scale, device)
         row["sweep_max_abs_diff"] = max(difference(o) for o in sweep_out)
-        row["default_splits"] = default_splits(blocks, batch, num_kv_heads, head_dim, block_size)
+        row["default_splits"] = split_plan(blocks, batch, num_kv_heads, head_dim, block_size)[0]  # the engine's
     row["agrees"] = all(row[key] <= agree for key in ("max_abs_diff", "sdpa_max_abs_diff", "sweep_max_abs_diff")
                         if key in row)
     return row
@@ -131,13 +131,6 @@ def split_sweep(q, k_cache, v_cache, table, counts, scale: float, device) -> tup
                                                            scale=scale, num_splits=asked, workspace=workspace), device)
         outputs.append(out.clone())
     return times, outputs
-
-
-def default_splits(capacity: int, batch: int, num_kv_heads: int, head_dim: int, block_size: int) -> int:
-    """The splits the engine's decode uses at this shape."""
-    from scout_sglang.kernels.triton.decode import split_plan
-
-    return split_plan(capacity, batch, num_kv_heads, head_dim, block_size)[0]
 
 
 def vendor_decode(q, k, v, scale: float, device, reference, agree: float) -> tuple[float, str, torch.Tensor]:

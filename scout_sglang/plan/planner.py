@@ -248,9 +248,11 @@ def low_load(request: PlanRequest, config: ScoutConfig, figures: dict, budgets: 
 
 
 def quota(config: ScoutConfig, pool: dict, batch: int) -> int:
-    """A request's resident row when `batch` requests of the planned length share the pool evenly: the pool's
-    pages over them, at least resident_blocks, at most its blocks outside the window."""
-    return min(pool["request_pages"], max(config.resident_capacity, pool["pages"] // max(1, batch)))
+    """A request's resident row when `batch` requests of the planned length share the pool as the engine shares it
+    (resident_pool.water_fill; the least share where the pages do not divide evenly), at least resident_blocks."""
+    from scout_sglang.core.resident_pool import water_fill
+
+    return max(config.resident_capacity, min(water_fill([pool["request_pages"]] * max(1, batch), pool["pages"])))
 
 
 def _ratio(steps: tuple) -> float:

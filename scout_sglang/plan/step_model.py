@@ -308,12 +308,11 @@ def _head_traffic(mode: str, config: ScoutConfig, spec: ModelSpec, work: Workloa
         outside = full_blocks - forced
         floor = config.resident_capacity
         row = min(outside, floor if work.resident_row_blocks is None else work.resident_row_blocks)
-        unresident = 1.0 if outside <= floor else min(1.0, max(0.0, (outside - row) / (outside - floor)))
+        # of the blocks outside the window, the share the row leaves off the device (none when all fit the row)
+        unresident = 0.0 if outside <= floor else min(1.0, max(0.0, (outside - row) / (outside - floor)))
         cpu_blocks = selected * unresident * expected_cpu_ratio(
             config, change_rate=work.change_rate, free_share=free_share, output_len=work.output_len)
         recalled = 0.0 if config.recall_policy == "off" else unresident * work.change_rate * free
-        if outside <= floor:  # every block fits the row: nothing is off the device
-            cpu_blocks, recalled = 0.0, 0.0
         device_blocks = forced + row  # the window and the whole row, selected or not
     elif mode == "infinigen":
         recalled = work.change_rate * free
